@@ -1,0 +1,69 @@
+// Argument checks shared by every op's CPU and CUDA kernels, so that a user
+// error reads the same on every backend. The fake kernels in customops/ops/
+// raise the same messages (tests/test_errors.py keeps them in step).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace customops {
+
+// Python's spelling (torch.float32), which is what our users read.
+inline const char* dtype_name(at::ScalarType dt) {
+  switch (dt) {
+    case at::kFloat: return "torch.float32";
+    case at::kDouble: return "torch.float64";
+    case at::kHalf: return "torch.float16";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kByte: return "torch.uint8";
+    case at::kChar: return "torch.int8";
+    case at::kShort: return "torch.int16";
+    case at::kInt: return "torch.int32";
+    case at::kLong: return "torch.int64";
+    case at::kBool: return "torch.bool";
+    case at::kComplexFloat: return "torch.complex64";
+    case at::kComplexDouble: return "torch.complex128";
+    default: return c10::toString(dt);
+  }
+}
+
+// Floating dtypes every op accepts: float32/16, bfloat16 and float64 (gradcheck).
+inline void check_floating(const at::Tensor& t, const char* name) {
+  const auto dt = t.scalar_type();
+  TORCH_CHECK(
+      dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
+      "customops: expected ", name, " to have a floating dtype (float32, float16, bfloat16 or "
+      "float64), but got ", dtype_name(dt));
+}
+
+inline void check_same_dtype(
+    const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
+  TORCH_CHECK(
+      t.scalar_type() == ref.scalar_type(), "customops: expected ", name, " to have the dtype of ",
+      ref_name, " (", dtype_name(ref.scalar_type()), "), but got ", dtype_name(t.scalar_type()));
+}
+
+inline void check_same_device(
+    const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
+  TORCH_CHECK(
+      t.device() == ref.device(), "customops: expected ", name, " to be on the device of ",
+      ref_name, " (", ref.device(), "), but got ", t.device());
+}
+
+inline void check_same_shape(
+    const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
+  TORCH_CHECK(
+      t.sizes() == ref.sizes(), "customops: expected ", name, " to have the shape of ", ref_name,
+      " ", ref.sizes(), ", but got ", t.sizes());
+}
+
+// The checks of a two-input elementwise op (same shape, dtype and device).
+inline void check_elementwise_pair(
+    const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
+  check_floating(a, a_name);
+  check_floating(b, b_name);
+  check_same_device(b, b_name, a, a_name);
+  check_same_dtype(b, b_name, a, a_name);
+  check_same_shape(b, b_name, a, a_name);
+}
+
+}  // namespace customops

@@ -1,0 +1,47 @@
+// sigmoid and sigmoid_backward, CPU kernels.
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include "../common/checks.h"
+#include "../common/cpu_utils.h"
+#include "../common/math.h"
+#include "sigmoid.h"
+
+namespace customops {
+
+namespace {
+
+at::Tensor sigmoid_cpu(const at::Tensor& x) {
+  check_floating(x, "x");
+  const at::Tensor x_c = x.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid", [&] {
+    cpu::parallel_elementwise<scalar_t, 1>(
+        out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(),
+        [](auto v) { return sigmoid(v); });
+  });
+  return out;
+}
+
+}  // namespace
+
+at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y) {
+  check_elementwise_pair(grad_out, "grad_out", y, "y");
+  const at::Tensor g_c = grad_out.contiguous();
+  const at::Tensor y_c = y.contiguous();
+  at::Tensor out = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, y.scalar_type(), "customops::sigmoid_backward", [&] {
+        cpu::parallel_elementwise<scalar_t, 2>(
+            out.data_ptr<scalar_t>(), {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()},
+            out.numel(), [](auto g, auto v) { return sigmoid_backward(g, v); });
+      });
+  return out;
+}
+
+TORCH_LIBRARY_IMPL(customops, CPU, m) {
+  m.impl("sigmoid", &sigmoid_cpu);
+  m.impl("sigmoid_backward", &sigmoid_backward_cpu);
+}
+
+}  // namespace customops

@@ -1,0 +1,27 @@
+// Every customops schema, in one place. Kernels live in csrc/ops/<op>/ and
+// register themselves per dispatch key with TORCH_LIBRARY_IMPL; fake kernels
+// and autograd formulas are registered from Python (customops/ops/<op>.py).
+//
+// Schemas carry no mutation or alias annotations: every op returns fresh
+// tensors, so torch.compile never needs to functionalize them.
+#include <torch/library.h>
+
+TORCH_LIBRARY(customops, m) {
+  // Where the fake kernels and autograd formulas live: torch imports this
+  // module itself when it needs them (e.g. for a graph loaded from disk).
+  m.set_python_module("customops.ops");
+
+  // Elementwise: the registry's smallest worked examples (see docs/adding_an_op.md).
+  m.def("add(Tensor a, Tensor b) -> Tensor");
+  m.def("sigmoid(Tensor x) -> Tensor");
+  // d/dx of sigmoid from its output y: grad_out * y * (1 - y).
+  m.def("sigmoid_backward(Tensor grad_out, Tensor y) -> Tensor");
+
+  // y = sigmoid(x @ weight.T + bias), torch.nn.functional.linear's conventions.
+  m.def("fused_linear_sigmoid(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  // Gradients from the saved output y (no pre-activation is kept). An output
+  // whose output_mask entry is false is returned as an empty tensor.
+  m.def(
+      "fused_linear_sigmoid_backward(Tensor grad_out, Tensor x, Tensor weight, "
+      "Tensor y, bool[3] output_mask) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+}

@@ -1,0 +1,48 @@
+"""customops::add: the template for adding an op (docs/adding_an_op.md).
+
+Everything an op needs on the Python side sits in its module: the public wrapper with its
+docstring, the fake kernel (shapes for torch.compile / torch.export) and the autograd formula.
+The schema is in csrc/registration.cpp, the kernels in csrc/ops/add/.
+"""
+
+import torch
+from torch import Tensor
+
+from . import _checks
+
+
+def add(a: Tensor, b: Tensor) -> Tensor:
+    """Elementwise sum ``a + b``.
+
+    Args:
+        a: tensor of any shape (any strides, numel 0 included), float32, float16, bfloat16 or
+            float64, on CPU or CUDA.
+        b: tensor of the same shape, dtype and device as ``a`` (no broadcasting).
+
+    Returns:
+        A new contiguous tensor of ``a``'s shape, dtype and device. 16-bit inputs are added in
+        float32 and rounded once.
+
+    Raises:
+        RuntimeError: a non-floating dtype, or ``b``'s dtype, device or shape differ from ``a``'s;
+            the message names the argument and what was expected.
+    """
+    return torch.ops.customops.add(a, b)
+
+
+@torch.library.register_fake("customops::add")
+def _add_fake(a, b):
+    _checks.check_elementwise_pair(a, "a", b, "b")
+    return torch.empty_like(a, memory_format=torch.contiguous_format)
+
+
+def _add_setup_context(ctx, inputs, output):
+    pass
+
+
+def _add_backward(ctx, grad):
+    # d(a + b)/da = d(a + b)/db = identity.
+    return grad, grad
+
+
+torch.library.register_autograd("customops::add", _add_backward, setup_context=_add_setup_context)

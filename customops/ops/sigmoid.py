@@ -1,0 +1,79 @@
+"""customops::sigmoid and customops::sigmoid_backward.
+
+Schema: csrc/registration.cpp; kernels: csrc/ops/sigmoid/.
+"""
+
+import torch
+from torch import Tensor
+
+from . import _checks
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    """The logistic function ``1 / (1 + exp(-x))``, elementwise.
+
+    Args:
+        x: tensor of any shape (any strides, numel 0 included), float32, float16, bfloat16 or
+            float64, on CPU or CUDA.
+
+    Returns:
+        A new contiguous tensor of ``x``'s shape, dtype and device. 16-bit inputs are computed
+        in float32. Saturates to exactly 0 and 1 for large ``|x|`` (no NaN).
+
+    Raises:
+        RuntimeError: ``x`` has a non-floating dtype.
+
+    Autograd: ``grad_x = grad * y * (1 - y)`` from the saved output ``y`` (the standard identity
+    sigmoid'(x) = sigmoid(x) (1 - sigmoid(x))), computed by ``customops::sigmoid_backward``;
+    twice differentiable.
+    """
+    return torch.ops.customops.sigmoid(x)
+
+
+def sigmoid_backward(grad_out: Tensor, y: Tensor) -> Tensor:
+    """``grad_out * y * (1 - y)``: the gradient of sigmoid through its output ``y``.
+
+    ``grad_out`` and ``y`` have one shape, dtype and device (floating dtypes as for
+    :func:`sigmoid`); returns a new contiguous tensor. Raises RuntimeError otherwise.
+    """
+    return torch.ops.customops.sigmoid_backward(grad_out, y)
+
+
+@torch.library.register_fake("customops::sigmoid")
+def _sigmoid_fake(x):
+    _checks.check_floating(x, "x")
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("customops::sigmoid_backward")
+def _sigmoid_backward_fake(grad_out, y):
+    _checks.check_elementwise_pair(grad_out, "grad_out", y, "y")
+    return torch.empty_like(y, memory_format=torch.contiguous_format)
+
+
+def _sigmoid_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _sigmoid_backward_formula(ctx, grad):
+    (y,) = ctx.saved_tensors
+    return torch.ops.customops.sigmoid_backward(grad, y)
+
+
+def _sigmoid_backward_setup_context(ctx, inputs, output):
+    grad_out, y = inputs
+    ctx.save_for_backward(grad_out, y)
+
+
+def _sigmoid_backward_backward(ctx, gg):
+    # out = g * y * (1 - y): d/dg = y (1 - y), d/dy = g (1 - 2y).
+    grad_out, y = ctx.saved_tensors
+    d_grad_out = torch.ops.customops.sigmoid_backward(gg, y) if ctx.needs_input_grad[0] else None
+    d_y = gg * grad_out * (1 - 2 * y) if ctx.needs_input_grad[1] else None
+    return d_grad_out, d_y
+
+
+torch.library.register_autograd("customops::sigmoid", _sigmoid_backward_formula, setup_context=_sigmoid_setup_context)
+torch.library.register_autograd(
+    "customops::sigmoid_backward", _sigmoid_backward_backward, setup_context=_sigmoid_backward_setup_context
+)
