@@ -7,16 +7,20 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(customops, m) {
-  // Where the fake kernels and autograd formulas live: torch imports this
-  // module itself when it needs them (e.g. for a graph loaded from disk).
-  m.set_python_module("customops.ops");
+  // set_python_module names the Python module holding the fake kernel and
+  // autograd formula of the ops defined after it; torch imports that module
+  // itself when it needs them (e.g. for a graph loaded from disk).
 
   // Elementwise: the registry's smallest worked examples (see docs/adding_an_op.md).
+  m.set_python_module("customops.ops.add");
   m.def("add(Tensor a, Tensor b) -> Tensor");
+
+  m.set_python_module("customops.ops.sigmoid");
   m.def("sigmoid(Tensor x) -> Tensor");
   // d/dx of sigmoid from its output y: grad_out * y * (1 - y).
   m.def("sigmoid_backward(Tensor grad_out, Tensor y) -> Tensor");
 
+  m.set_python_module("customops.ops.fused_linear_sigmoid");
   // y = sigmoid(x @ weight.T + bias), torch.nn.functional.linear's conventions.
   m.def("fused_linear_sigmoid(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
   // Gradients from the saved output y (no pre-activation is kept). An output

@@ -1,0 +1,128 @@
+"""The main job: train an MLP of FusedLinearSigmoid layers on scikit-learn's handwritten digits
+(1,797 8x8 images, 10 classes, shipped inside scikit-learn: no download), then check that the
+eager, torch.compile and TorchScript forms of the trained model agree.
+
+    python -m customops.train_digits [--epochs 30] [--device cpu|cuda]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+from torch import nn
+
+from customops.nn import FusedLinearSigmoid
+
+
+def load_digits_split(seed: int = 0):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    x = torch.tensor(data.data, dtype=torch.float32) / 16.0  # pixel intensities 0..16 -> [0, 1]
+    y = torch.tensor(data.target, dtype=torch.long)
+    idx_train, idx_test = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=0.2, random_state=seed, stratify=y.numpy()
+    )
+    return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(FusedLinearSigmoid(64, 128), FusedLinearSigmoid(128, 64), nn.Linear(64, 10))
+
+
+def train(model, x, y, epochs: int, batch_size: int = 64, lr: float = 1e-2, show_progress: bool = True):
+    from tqdm import tqdm
+
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(0)
+    model.train()
+    bar = tqdm(range(epochs), desc="training", unit="epoch", disable=not show_progress, file=sys.stdout)
+    for _ in bar:
+        perm = torch.randperm(len(y), generator=gen).to(x.device)
+        total = 0.0
+        for i in range(0, len(y), batch_size):
+            batch = perm[i : i + batch_size]
+            loss = nn.functional.cross_entropy(model(x[batch]), y[batch])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(batch)
+        bar.set_postfix(loss=f"{total / len(y):.4f}")
+    model.eval()
+    return model
+
+
+def latency_ms(fn, x, runs: int = 50) -> float:
+    """Median wall time of fn(x) in milliseconds, device work included."""
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    with torch.no_grad():
+        for _ in range(5):
+            fn(x)
+        times = []
+        for _ in range(runs):
+            sync()
+            t0 = time.perf_counter()
+            fn(x)
+            sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def model_forms(model, example):
+    """The forms of the trained model that a user ships: name -> callable."""
+    warnings.filterwarnings("ignore", message=".*torch.jit.* is deprecated", category=FutureWarning)
+    forms = {"eager": model}
+    forms["torch.compile"] = torch.compile(model, fullgraph=True, dynamic=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "digits.pt")
+        torch.jit.script(model).save(path)
+        forms["TorchScript (saved, loaded)"] = torch.jit.load(path, map_location=example.device)
+    return forms
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    x_train, y_train, x_test, y_test = (t.to(device) for t in load_digits_split())
+    print(f"digits: {len(y_train)} train / {len(y_test)} test images, device {device}, torch {torch.__version__}")
+    model = train(make_model().to(device), x_train, y_train, args.epochs, show_progress=not args.no_progress)
+
+    with torch.no_grad():
+        reference = model(x_test)
+        rows = []
+        for name, fn in model_forms(model, x_test).items():
+            logits = fn(x_test)
+            rows.append(
+                (
+                    name,
+                    (logits.argmax(1) == y_test).float().mean().item(),
+                    (logits - reference).abs().max().item(),
+                    bool(torch.equal(logits.argmax(1), reference.argmax(1))),
+                    latency_ms(fn, x_test),
+                )
+            )
+
+    print(f"\n| path | test accuracy | max abs diff vs eager | same predictions | latency per batch of {len(y_test)} (ms) |")
+    print("|---|---|---|---|---|")
+    for name, acc, diff, same, ms in rows:
+        print(f"| {name} | {acc:.4f} | {diff:.2e} | {'yes' if same else 'NO'} | {ms:.3f} |")
+    ok = all(same and diff < 1e-4 for _, _, diff, same, _ in rows)
+    if not ok:
+        print("error: the forms of the model disagree", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

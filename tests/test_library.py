@@ -1,0 +1,51 @@
+"""The compiled op library: where it is, what it holds, what it links."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import customops
+
+
+def test_library_path_exists():
+    path = customops.library_path()
+    assert os.path.isfile(path) and os.path.basename(path).startswith("_C")
+
+
+@pytest.mark.skipif(shutil.which("ldd") is None or shutil.which("nm") is None, reason="needs ldd and nm (binutils)")
+def test_library_has_no_libpython_dependency():
+    path = customops.library_path()
+    needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
+    assert "libpython" not in needed
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True, check=True).stdout
+    python_symbols = [line for line in undefined.splitlines() if line.split()[-1].startswith(("Py", "_Py"))]
+    assert python_symbols == []
+    assert "libtorch" in needed or "libc10" in needed  # ldd did read it
+
+
+def test_kernels_for_every_backend_this_torch_has():
+    backends = customops.compiled_backends()
+    assert "CPU" in backends
+    # CI sets CUSTOMOPS_EXPECT_CUDA_KERNELS=1 with a CUDA torch: the CUDA kernels must have compiled.
+    if os.environ.get("CUSTOMOPS_EXPECT_CUDA_KERNELS") == "1" or torch.cuda.is_available():
+        assert "CUDA" in backends
+    for op in ("add", "sigmoid", "sigmoid_backward", "fused_linear_sigmoid", "fused_linear_sigmoid_backward"):
+        for key in backends:
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(f"customops::{op}", key), (op, key)
+
+
+def test_import_without_torch_first_and_load_twice():
+    code = (
+        "import customops, torch\n"
+        "p = customops.load_library(); customops.load_library(); torch.ops.load_library(p)\n"
+        "x = torch.randn(3, 4)\n"
+        "assert torch.allclose(torch.ops.customops.sigmoid(x), x.sigmoid())\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1,0 +1,17 @@
+import subprocess
+import sys
+
+
+def test_main_job_trains_and_all_forms_agree():
+    out = subprocess.run(
+        [sys.executable, "-m", "customops.train_digits", "--epochs", "8", "--device", "cpu", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "accuracy" not in line]
+    assert [r.split("|")[1].strip() for r in rows] == ["eager", "torch.compile", "TorchScript (saved, loaded)"]
+    for row in rows:
+        accuracy = float(row.split("|")[2])
+        assert accuracy > 0.85, row
