@@ -3,7 +3,10 @@
 # run the main job on CUDA, the whole test suite, then the benchmark harness. Everything lands
 # in $OUT (at most 8 files come back).
 #
-#   bash scripts/device_run.sh [--no-bench] [benchmark args...]
+#   [DIAG=1] bash scripts/device_run.sh [--no-bench] [benchmark args...]
+#
+# Each test file runs in its own pytest process, so that one crash cannot hide the other files'
+# results; the per-file summary lines and their total go to run.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/customops-out}
@@ -27,10 +30,27 @@ echo "build: $((SECONDS - t0)) s; kernels: $(python3 -c 'import customops; print
 
 python3 -m customops.train_digits --device cuda --no-progress 2>&1 | tee -a "$OUT/run.log"
 
+if [ "${DIAG:-0}" = 1 ]; then
+  for d in scripts/diag/*.py; do echo "== $d"; python3 "$d"; done 2>&1 | tee -a "$OUT/run.log"
+fi
+
 t0=$SECONDS
-python3 -m pytest -q -p no:cacheprovider -rs tests > "$OUT/pytest.log" 2>&1
-echo "pytest exit $? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")" | tee -a "$OUT/run.log"
-grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -30
+: > "$OUT/pytest.log"
+for f in tests/test_*.py; do
+  python3 -m pytest -q -p no:cacheprovider -rs "$f" >> "$OUT/pytest.log" 2>&1
+  echo "$f: exit $? $(tail -1 "$OUT/pytest.log")" | tee -a "$OUT/run.log"
+done
+python3 - "$OUT/pytest.log" <<'PY' | tee -a "$OUT/run.log"
+import re, sys
+totals = {}
+for line in open(sys.argv[1], errors="replace"):
+    if re.match(r"^=* ?\d+ (passed|failed|skipped|error)", line.strip("= \n")) or " in " in line and re.search(r"\d+ (passed|failed)", line):
+        for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|deselected)", line):
+            totals[kind] = totals.get(kind, 0) + int(n)
+print("pytest total:", ", ".join(f"{v} {k}" for k, v in totals.items()))
+PY
+echo "pytest took $((SECONDS - t0)) s" | tee -a "$OUT/run.log"
+grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/pytest.log" | head -30
 
 if [ "$run_bench" = 1 ]; then
   t0=$SECONDS

@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <sstream>
+#include <string>
+
 namespace customops {
 
 // Python's spelling (torch.float32), which is what our users read.
@@ -27,6 +30,19 @@ inline const char* dtype_name(at::ScalarType dt) {
 }
 
 // Floating dtypes every op accepts: float32/16, bfloat16 and float64 (gradcheck).
+// "[4, 5]", as Python prints list(t.shape). Built by hand rather than by streaming an
+// IntArrayRef: on the H200 machine (torch 2.11, C++17 build) a TORCH_CHECK message that
+// streamed x.sizes() crashed the process instead of raising (2026-11-29).
+inline std::string shape_str(at::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out << (i ? ", " : "") << static_cast<long long>(sizes[i]);
+  }
+  out << "]";
+  return out.str();
+}
+
 inline void check_floating(const at::Tensor& t, const char* name) {
   const auto dt = t.scalar_type();
   TORCH_CHECK(
@@ -53,7 +69,7 @@ inline void check_same_shape(
     const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK(
       t.sizes() == ref.sizes(), "customops: expected ", name, " to have the shape of ", ref_name,
-      " ", ref.sizes(), ", but got ", t.sizes());
+      " ", shape_str(ref.sizes()), ", but got ", shape_str(t.sizes()));
 }
 
 // The checks of a two-input elementwise op (same shape, dtype and device).

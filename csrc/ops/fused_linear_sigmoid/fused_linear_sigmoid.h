@@ -24,10 +24,10 @@ inline void check_fused_linear_sigmoid_args(
       x.dim() >= 1, "customops: expected x to have shape (*, in_features), but got a 0-dimensional tensor");
   TORCH_CHECK(
       weight.dim() == 2, "customops: expected weight to be 2-D (out_features, in_features), but got shape ",
-      weight.sizes());
+      shape_str(weight.sizes()));
   TORCH_CHECK(
       x.size(-1) == weight.size(1), "customops: expected x.shape[-1] (in_features) to equal weight.shape[1] = ",
-      weight.size(1), ", but got x of shape ", x.sizes());
+      weight.size(1), ", but got x of shape ", shape_str(x.sizes()));
   if (bias.has_value()) {
     check_floating(*bias, "bias");
     check_same_device(*bias, "bias", x, "x");
@@ -35,7 +35,7 @@ inline void check_fused_linear_sigmoid_args(
     TORCH_CHECK(
         bias->dim() == 1 && bias->size(0) == weight.size(0),
         "customops: expected bias to have shape (out_features,) = (", weight.size(0), ",), but got shape ",
-        bias->sizes());
+        shape_str(bias->sizes()));
   }
 }
 
@@ -54,8 +54,8 @@ inline void check_fused_linear_sigmoid_backward_args(
   check_same_dtype(y, "y", x, "x");
   const auto y_shape = fused_linear_sigmoid_output_shape(x, weight);
   TORCH_CHECK(
-      y.sizes() == at::IntArrayRef(y_shape), "customops: expected y to have shape ", at::IntArrayRef(y_shape),
-      " (x.shape[:-1] + (out_features,)), but got ", y.sizes());
+      y.sizes() == at::IntArrayRef(y_shape), "customops: expected y to have shape ", shape_str(y_shape),
+      " (x.shape[:-1] + (out_features,)), but got ", shape_str(y.sizes()));
 }
 
 // The forward and backward below expect arguments that passed the checks
