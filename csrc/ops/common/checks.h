@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 
-#include <sstream>
 #include <string>
 
 namespace customops {
@@ -29,20 +28,24 @@ inline const char* dtype_name(at::ScalarType dt) {
   }
 }
 
-// Floating dtypes every op accepts: float32/16, bfloat16 and float64 (gradcheck).
-// "[4, 5]", as Python prints list(t.shape). Built by hand rather than by streaming an
-// IntArrayRef: on the H200 machine (torch 2.11, C++17 build) a TORCH_CHECK message that
-// streamed x.sizes() crashed the process instead of raising (2026-11-29).
-inline std::string shape_str(at::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    out << (i ? ", " : "") << static_cast<long long>(sizes[i]);
-  }
-  out << "]";
-  return out.str();
+// Messages are built from strings only: numbers go through std::to_string and
+// devices through Device::str(), never through an std::ostream. On the H200
+// machine (torch 2.11, g++ 13) streaming an integer into c10::str's ostringstream
+// from this library crashed the process or printed nothing (2026-11-29).
+inline std::string int_str(int64_t v) {
+  return std::to_string(v);
 }
 
+// "[4, 5]", as Python prints list(t.shape).
+inline std::string shape_str(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(sizes[i]);
+  }
+  return out + "]";
+}
+
+// Floating dtypes every op accepts: float32/16, bfloat16 and float64 (gradcheck).
 inline void check_floating(const at::Tensor& t, const char* name) {
   const auto dt = t.scalar_type();
   TORCH_CHECK(
@@ -62,7 +65,7 @@ inline void check_same_device(
     const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK(
       t.device() == ref.device(), "customops: expected ", name, " to be on the device of ",
-      ref_name, " (", ref.device(), "), but got ", t.device());
+      ref_name, " (", ref.device().str(), "), but got ", t.device().str());
 }
 
 inline void check_same_shape(

@@ -27,14 +27,14 @@ inline void check_fused_linear_sigmoid_args(
       shape_str(weight.sizes()));
   TORCH_CHECK(
       x.size(-1) == weight.size(1), "customops: expected x.shape[-1] (in_features) to equal weight.shape[1] = ",
-      weight.size(1), ", but got x of shape ", shape_str(x.sizes()));
+      int_str(weight.size(1)), ", but got x of shape ", shape_str(x.sizes()));
   if (bias.has_value()) {
     check_floating(*bias, "bias");
     check_same_device(*bias, "bias", x, "x");
     check_same_dtype(*bias, "bias", x, "x");
     TORCH_CHECK(
         bias->dim() == 1 && bias->size(0) == weight.size(0),
-        "customops: expected bias to have shape (out_features,) = (", weight.size(0), ",), but got shape ",
+        "customops: expected bias to have shape (out_features,) = (", int_str(weight.size(0)), ",), but got shape ",
         shape_str(bias->sizes()));
   }
 }
