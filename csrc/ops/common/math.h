@@ -21,4 +21,19 @@ C10_HOST_DEVICE inline T sigmoid_backward(T grad_out, T y) {
   return grad_out * y * (T(1) - y);
 }
 
+// The same formulas as function objects, for the elementwise loops of both backends.
+struct SigmoidFn {
+  template <typename T>
+  C10_HOST_DEVICE T operator()(T x) const {
+    return sigmoid(x);
+  }
+};
+
+struct SigmoidBackwardFn {
+  template <typename T>
+  C10_HOST_DEVICE T operator()(T grad_out, T y) const {
+    return sigmoid_backward(grad_out, y);
+  }
+};
+
 }  // namespace customops

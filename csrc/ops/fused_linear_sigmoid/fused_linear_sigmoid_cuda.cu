@@ -12,13 +12,6 @@
 namespace customops {
 namespace {
 
-struct SigmoidOp {
-  template <typename T>
-  __device__ T operator()(T x) const {
-    return sigmoid(x);
-  }
-};
-
 // out[r, c] = sigmoid(out[r, c] + bias[c]) over a contiguous (rows, cols)
 // matrix, VEC consecutive elements per access. cols % VEC == 0, so a vector
 // never straddles two rows.
@@ -45,7 +38,7 @@ void bias_sigmoid_cuda_(at::Tensor& out, const c10::optional<at::Tensor>& bias) 
         scalar_t* o = out.data_ptr<scalar_t>();
         const int64_t numel = out.numel();
         if (!bias.has_value()) {
-          cuda::launch_elementwise<scalar_t, 1>("sigmoid_kernel", o, {o}, numel, SigmoidOp{});
+          cuda::launch_elementwise<scalar_t, 1>("sigmoid_kernel", o, {o}, numel, SigmoidFn{});
           return;
         }
         const scalar_t* b = bias->const_data_ptr<scalar_t>();

@@ -18,7 +18,7 @@ at::Tensor sigmoid_cpu(const at::Tensor& x) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid", [&] {
     cpu::parallel_elementwise<scalar_t, 1>(
         out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(),
-        [](auto v) { return sigmoid(v); });
+        SigmoidFn{});
   });
   return out;
 }
@@ -34,7 +34,7 @@ at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y)
       at::kHalf, at::kBFloat16, y.scalar_type(), "customops::sigmoid_backward", [&] {
         cpu::parallel_elementwise<scalar_t, 2>(
             out.data_ptr<scalar_t>(), {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()},
-            out.numel(), [](auto g, auto v) { return sigmoid_backward(g, v); });
+            out.numel(), SigmoidBackwardFn{});
       });
   return out;
 }

@@ -11,20 +11,6 @@ namespace customops {
 
 namespace {
 
-struct SigmoidOp {
-  template <typename T>
-  __device__ T operator()(T x) const {
-    return sigmoid(x);
-  }
-};
-
-struct SigmoidBackwardOp {
-  template <typename T>
-  __device__ T operator()(T g, T y) const {
-    return sigmoid_backward(g, y);
-  }
-};
-
 at::Tensor sigmoid_cuda(const at::Tensor& x) {
   check_floating(x, "x");
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -33,7 +19,7 @@ at::Tensor sigmoid_cuda(const at::Tensor& x) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid", [&] {
     cuda::launch_elementwise<scalar_t, 1>(
         "sigmoid_kernel", out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(),
-        SigmoidOp{});
+        SigmoidFn{});
   });
   return out;
 }
@@ -51,7 +37,7 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y
         cuda::launch_elementwise<scalar_t, 2>(
             "sigmoid_backward_kernel", out.data_ptr<scalar_t>(),
             {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()}, out.numel(),
-            SigmoidBackwardOp{});
+            SigmoidBackwardFn{});
       });
   return out;
 }
