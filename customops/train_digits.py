@@ -1,12 +1,12 @@
 """The main job: train an MLP of FusedLinearSigmoid layers on scikit-learn's handwritten digits
-(1,797 8x8 images, 10 classes, shipped inside scikit-learn: no download), then check that the
-eager, torch.compile and TorchScript forms of the trained model agree.
+(1,797 8x8 images, 10 classes, shipped inside scikit-learn: no download), export it as
+TorchScript, an AOTInductor package and ONNX, and check that every form (eager, torch.compile,
+the loaded exports, ONNX Runtime) gives the same predictions on the held-out set.
 
-    python -m customops.train_digits [--epochs 30] [--device cpu|cuda]
+    python -m customops.train_digits [--epochs 30] [--device cpu|cuda] [--export-dir DIR]
 """
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -59,7 +59,8 @@ def train(model, x, y, epochs: int, batch_size: int = 64, lr: float = 1e-2, show
 
 
 def latency_ms(fn, x, runs: int = 50) -> float:
-    """Median wall time of fn(x) in milliseconds, device work included."""
+    """Median wall time of fn(x) in milliseconds, device work (and, for ONNX Runtime, the copies
+    to and from the host) included."""
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     with torch.no_grad():
         for _ in range(5):
@@ -74,16 +75,47 @@ def latency_ms(fn, x, runs: int = 50) -> float:
     return statistics.median(times)
 
 
-def model_forms(model, example):
-    """The forms of the trained model that a user ships: name -> callable."""
+def _aoti_python_loading_works() -> bool:
+    # Seen 2026-11-29 on the H200 machine: torch 2.11's aoti_load_package segfaults even for a
+    # plain nn.Linear package, while torch 2.13 and 2.14 load packages on the CPU. The C++
+    # loader is the path to check packages on older torch.
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 13)
+
+
+def model_forms(model, example, export_dir):
+    """The forms of the trained model that a user ships, exported to export_dir and loaded
+    back: name -> callable. Also returns {format: path} and the forms skipped, with why."""
+    from customops.export import export_model, load_aoti, load_torchscript
+
     warnings.filterwarnings("ignore", message=".*torch.jit.* is deprecated", category=FutureWarning)
-    forms = {"eager": model}
-    forms["torch.compile"] = torch.compile(model, fullgraph=True, dynamic=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "digits.pt")
-        torch.jit.script(model).save(path)
-        forms["TorchScript (saved, loaded)"] = torch.jit.load(path, map_location=example.device)
-    return forms
+    forms = {"eager": model, "torch.compile": torch.compile(model, fullgraph=True, dynamic=True)}
+    skipped = {}
+    formats = ["pt", "pt2"]
+    try:
+        import onnxruntime
+        import onnxscript  # noqa: F401
+
+        formats.append("onnx")
+    except ImportError as e:
+        skipped["ONNX Runtime (.onnx)"] = f"onnx export needs onnxscript and onnxruntime ({e})"
+    paths = export_model(model, example, export_dir, "digits", formats)
+    forms["TorchScript (.pt, loaded)"] = load_torchscript(paths["pt"], map_location=str(example.device))
+    if _aoti_python_loading_works():
+        forms["AOTInductor (.pt2, Python)"] = load_aoti(paths["pt2"])
+    else:
+        skipped["AOTInductor (.pt2, Python)"] = (
+            f"torch {torch.__version__}'s aoti_load_package is known to crash; check the package with the C++ loader"
+        )
+    if "onnx" in paths:
+        session = onnxruntime.InferenceSession(paths["onnx"], providers=["CPUExecutionProvider"])
+        input_name = session.get_inputs()[0].name
+
+        def run_onnx(x):
+            return torch.from_numpy(session.run(None, {input_name: x.cpu().numpy()})[0]).to(x.device)
+
+        forms["ONNX Runtime (.onnx, CPU)"] = run_onnx
+    return forms, paths, skipped
 
 
 def main(argv=None) -> int:
@@ -91,6 +123,7 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--export-dir", help="where to write digits.{pt,pt2,onnx} (default: a temporary folder)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -99,10 +132,13 @@ def main(argv=None) -> int:
     print(f"digits: {len(y_train)} train / {len(y_test)} test images, device {device}, torch {torch.__version__}")
     model = train(make_model().to(device), x_train, y_train, args.epochs, show_progress=not args.no_progress)
 
+    export_dir = args.export_dir or tempfile.mkdtemp(prefix="customops-digits-")
+    forms, paths, skipped = model_forms(model, x_test, export_dir)
+    print("exported: " + ", ".join(f"{fmt} {path}" for fmt, path in paths.items()))
     with torch.no_grad():
         reference = model(x_test)
         rows = []
-        for name, fn in model_forms(model, x_test).items():
+        for name, fn in forms.items():
             logits = fn(x_test)
             rows.append(
                 (
@@ -118,6 +154,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|")
     for name, acc, diff, same, ms in rows:
         print(f"| {name} | {acc:.4f} | {diff:.2e} | {'yes' if same else 'NO'} | {ms:.3f} |")
+    for name, why in skipped.items():
+        print(f"| {name} | skipped: {why} | | | |")
     ok = all(same and diff < 1e-4 for _, _, diff, same, _ in rows)
     if not ok:
         print("error: the forms of the model disagree", file=sys.stderr)

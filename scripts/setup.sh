@@ -20,5 +20,5 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=64" wheel
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" ninja numpy
 # The op library must be compiled against the torch it runs with: no build isolation.
-"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,examples,bench]"
+"$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,examples,export,bench]"
 "$VENV/bin/python" -c "import customops, torch; print('customops', customops.__version__, 'on torch', torch.__version__, 'kernels:', customops.compiled_backends())"

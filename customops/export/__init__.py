@@ -1,0 +1,152 @@
+"""Deployment: write a model that uses customops' ops as TorchScript (``.pt``), an AOTInductor
+package (``.pt2``) or ONNX (``.onnx``), and load the first two back.
+
+Every export gets a dynamic batch dimension (dim 0 of each input). Command line::
+
+    python -m customops.export --help
+
+The ONNX translation table that the exporter uses is :data:`ONNX_TRANSLATION_TABLE`
+(``customops/export/onnx_translation.py``); pass it to ``torch.onnx.export`` yourself as
+``custom_translation_table=`` when you call the exporter directly.
+"""
+
+import os
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+import customops
+
+FORMATS = ("pt", "pt2", "onnx")
+DEFAULT_MAX_BATCH = 1 << 16
+
+
+def _as_tuple(example_inputs) -> Tuple[torch.Tensor, ...]:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _batch_spec(example_inputs: Sequence[torch.Tensor], max_batch: int):
+    """Example inputs with a batch of at least 2 (a batch of 1 would be specialized) and a
+    dynamic_shapes spec marking dim 0 of each input as the shared batch dimension."""
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    inputs = tuple(t if t.shape[0] >= 2 else t.expand(2, *t.shape[1:]).contiguous() for t in example_inputs)
+    return inputs, tuple({0: batch} for _ in inputs)
+
+
+def export_torchscript(model: nn.Module, path: str, example_inputs=None, trace: bool = False) -> str:
+    """Writes ``model`` as TorchScript: ``torch.jit.script`` (``trace=True``: ``torch.jit.trace``
+    on ``example_inputs``). Load it in C++ with ``torch::jit::load`` once the op library is
+    loaded, or in Python with :func:`load_torchscript`. Returns ``path``."""
+    model = model.eval()
+    if trace:
+        if example_inputs is None:
+            raise ValueError("customops: trace=True needs example_inputs")
+        module = torch.jit.trace(model, _as_tuple(example_inputs))
+    else:
+        module = torch.jit.script(model)
+    module.save(path)
+    return path
+
+
+def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH) -> str:
+    """Writes an AOTInductor package (``.pt2``): ``torch.export.export`` with a dynamic batch
+    dimension (1..``max_batch``), then ``torch._inductor.aoti_compile_and_package``. The package
+    is compiled for the device of ``example_inputs``. Load it with
+    ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns the path."""
+    inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
+    program = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+    return torch._inductor.aoti_compile_and_package(program, package_path=os.fspath(path))
+
+
+def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH) -> str:
+    """Writes ONNX through ``torch.onnx.export(dynamo=True)`` with customops' translation table:
+    standard-domain ops only, a dynamic batch dimension, runnable in a stock onnxruntime.
+    Needs ``onnx`` and ``onnxscript``. Returns ``path``."""
+    from .onnx_translation import ONNX_TRANSLATION_TABLE
+
+    inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
+    program = torch.onnx.export(
+        model.eval(),
+        inputs,
+        dynamo=True,
+        custom_translation_table=ONNX_TRANSLATION_TABLE,
+        dynamic_shapes=dynamic_shapes,
+        optimize=True,
+        verbose=False,
+    )
+    program.save(os.fspath(path))
+    return path
+
+
+def export_model(
+    model: nn.Module,
+    example_inputs,
+    out_dir: str,
+    name: str = "model",
+    formats: Iterable[str] = FORMATS,
+    max_batch: int = DEFAULT_MAX_BATCH,
+) -> Dict[str, str]:
+    """Writes ``out_dir/name.{pt,pt2,onnx}`` for the formats asked; returns ``{format: path}``."""
+    os.makedirs(out_dir, exist_ok=True)
+    writers = {
+        "pt": lambda p: export_torchscript(model, p),
+        "pt2": lambda p: export_aoti(model, example_inputs, p, max_batch),
+        "onnx": lambda p: export_onnx(model, example_inputs, p, max_batch),
+    }
+    paths = {}
+    for fmt in formats:
+        if fmt not in writers:
+            raise ValueError(f"customops: unknown export format {fmt!r}; expected one of {FORMATS}")
+        paths[fmt] = writers[fmt](os.path.join(out_dir, f"{name}.{fmt}"))
+    return paths
+
+
+def _check_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"customops: model file {path!r} does not exist")
+
+
+def load_torchscript(path: str, map_location: Optional[str] = None) -> torch.jit.ScriptModule:
+    """Loads a TorchScript file whose graph uses customops' ops (the op library is loaded
+    first). Raises FileNotFoundError for a missing file and RuntimeError naming the file for
+    one that is not a TorchScript archive."""
+    _check_file(path)
+    customops.load_library()
+    try:
+        return torch.jit.load(path, map_location=map_location)
+    except RuntimeError as e:
+        raise RuntimeError(f"customops: could not load TorchScript model {path!r}: {e}") from e
+
+
+def load_aoti(path: str):
+    """Loads an AOTInductor package whose graph uses customops' ops (the op library is loaded
+    first); returns a callable. Raises FileNotFoundError / RuntimeError as
+    :func:`load_torchscript`."""
+    _check_file(path)
+    customops.load_library()
+    try:
+        return torch._inductor.aoti_load_package(path)
+    except Exception as e:  # the loader raises several types for a bad archive
+        raise RuntimeError(f"customops: could not load AOTInductor package {path!r}: {e}") from e
+
+
+def __getattr__(name):
+    # The translation table imports onnxscript: only on demand.
+    if name == "ONNX_TRANSLATION_TABLE":
+        from .onnx_translation import ONNX_TRANSLATION_TABLE
+
+        return ONNX_TRANSLATION_TABLE
+    raise AttributeError(name)
+
+
+__all__ = [
+    "FORMATS",
+    "ONNX_TRANSLATION_TABLE",
+    "export_aoti",
+    "export_model",
+    "export_onnx",
+    "export_torchscript",
+    "load_aoti",
+    "load_torchscript",
+]

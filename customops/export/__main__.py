@@ -1,0 +1,53 @@
+"""Export a model that uses customops' ops to TorchScript, AOTInductor and ONNX.
+
+    python -m customops.export customops.train_digits:make_model --input-shape 8,64 \\
+        [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model]
+
+MODEL is ``package.module:callable``; the callable returns the nn.Module (its weights then come
+from --state-dict, a torch.save'd state_dict). --input-shape gives one example input (its
+first dimension is exported as a dynamic batch dimension).
+"""
+
+import argparse
+import importlib
+import sys
+
+import torch
+
+from . import FORMATS, export_model
+
+
+def _load_model(spec: str):
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise SystemExit(f"customops.export: MODEL must look like package.module:callable, got {spec!r}")
+    factory = getattr(importlib.import_module(module_name), attr)
+    return factory()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m customops.export", description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="package.module:callable returning the nn.Module")
+    parser.add_argument("--input-shape", required=True, help="example input shape, e.g. 8,64")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--state-dict", help="torch.save'd state_dict to load into the model")
+    parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    parser.add_argument("--out", default="exported")
+    parser.add_argument("--name", default="model")
+    args = parser.parse_args(argv)
+
+    dtype = getattr(torch, args.dtype)
+    model = _load_model(args.model)
+    if args.state_dict:
+        model.load_state_dict(torch.load(args.state_dict, map_location="cpu", weights_only=True))
+    model = model.to(device=args.device, dtype=dtype).eval()
+    shape = tuple(int(s) for s in args.input_shape.split(","))
+    example = torch.randn(shape, device=args.device, dtype=dtype)
+    for fmt, path in export_model(model, example, args.out, args.name, args.formats).items():
+        print(f"{fmt}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
