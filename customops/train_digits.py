@@ -1,7 +1,8 @@
 """The main job: train an MLP of FusedLinearSigmoid layers on scikit-learn's handwritten digits
 (1,797 8x8 images, 10 classes, shipped inside scikit-learn: no download), export it as
 TorchScript, an AOTInductor package and ONNX, and check that every form (eager, torch.compile,
-the loaded exports, ONNX Runtime) gives the same predictions on the held-out set.
+the loaded exports, the C++ server export/cpp/customops_serve, ONNX Runtime) gives the same
+predictions on the held-out set.
 
     python -m customops.train_digits [--epochs 30] [--device cpu|cuda] [--export-dir DIR]
 """
@@ -118,6 +119,32 @@ def model_forms(model, example, export_dir):
     return forms, paths, skipped
 
 
+def cpp_rows(paths, x, y, reference, work_dir, skipped):
+    """Runs the held-out set through the C++ server (export/cpp/customops_serve, built here
+    with torch's CMake package) for the TorchScript and AOTInductor exports."""
+    from customops.export.cpp import build_serve, run_serve
+
+    try:
+        binary = build_serve()
+    except RuntimeError as e:
+        skipped["C++ customops_serve"] = str(e).splitlines()[0]
+        return []
+    rows = []
+    for fmt in ("pt", "pt2"):
+        logits, median_ms, _ = run_serve(binary, paths[fmt], x, work_dir)
+        logits = logits.to(x.device)
+        rows.append(
+            (
+                f"C++ customops_serve (.{fmt})",
+                (logits.argmax(1) == y).float().mean().item(),
+                (logits - reference).abs().max().item(),
+                bool(torch.equal(logits.argmax(1), reference.argmax(1))),
+                median_ms,
+            )
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=30)
@@ -149,11 +176,13 @@ def main(argv=None) -> int:
                     latency_ms(fn, x_test),
                 )
             )
+        rows += cpp_rows(paths, x_test, y_test, reference, export_dir, skipped)
 
     print(f"\n| path | test accuracy | max abs diff vs eager | same predictions | latency per batch of {len(y_test)} (ms) |")
     print("|---|---|---|---|---|")
     for name, acc, diff, same, ms in rows:
         print(f"| {name} | {acc:.4f} | {diff:.2e} | {'yes' if same else 'NO'} | {ms:.3f} |")
+
     for name, why in skipped.items():
         print(f"| {name} | skipped: {why} | | | |")
     ok = all(same and diff < 1e-4 for _, _, diff, same, _ in rows)

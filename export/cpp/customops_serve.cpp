@@ -1,0 +1,167 @@
+// customops_serve: the inference step of a C++ service for a model that uses customops' ops.
+//
+//   customops_serve MODEL INPUT OUTPUT [--device cpu|cuda] [--runs N] [--warmup N]
+//
+// MODEL is TorchScript (.pt, torch::jit::load) or an AOTInductor package (.pt2,
+// AOTIModelPackageLoader). INPUT is a tensor written by Python's torch.save; OUTPUT is written
+// with torch::pickle_save, so Python's torch.load reads it. Prints the median and p99 latency
+// of N runs in milliseconds. Exits non-zero with a message, never a crash, on bad files.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string model, input, output, device = "cpu";
+  int runs = 100, warmup = 10;
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::cerr << "customops_serve: " << why << "\n"
+            << "usage: customops_serve MODEL(.pt|.pt2) INPUT OUTPUT [--device cpu|cuda] [--runs N] [--warmup N]\n";
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  std::vector<std::string> positional;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + arg).c_str());
+      return argv[++i];
+    };
+    try {
+      if (arg == "--device") a.device = value();
+      else if (arg == "--runs") a.runs = std::stoi(value());
+      else if (arg == "--warmup") a.warmup = std::stoi(value());
+      else if (arg.rfind("--", 0) == 0) usage(("unknown option " + arg).c_str());
+      else positional.push_back(arg);
+    } catch (const std::logic_error&) {
+      usage(("bad number for " + arg).c_str());
+    }
+  }
+  if (positional.size() != 3) usage("expected MODEL INPUT OUTPUT");
+  if (a.runs < 1 || a.warmup < 0) usage("--runs must be >= 1 and --warmup >= 0");
+  a.model = positional[0];
+  a.input = positional[1];
+  a.output = positional[2];
+  return a;
+}
+
+std::vector<char> read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(std::string(what) + " file '" + path + "' cannot be opened");
+  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Built with std::to_string: see csrc/ops/common/checks.h on integer streaming.
+std::string shape_str(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The op library is linked with --no-as-needed, so its TORCH_LIBRARY registrations ran at
+// start-up; say so plainly if they did not.
+void require_customops_ops() {
+  for (const char* op : {"customops::fused_linear_sigmoid", "customops::add", "customops::sigmoid"}) {
+    if (!c10::Dispatcher::singleton().findSchema({op, ""}).has_value()) {
+      throw std::runtime_error(
+          std::string("operator ") + op +
+          " is not registered: the customops op library is not loaded. Link it (CMake: "
+          "target_link_libraries(app customops::customops)) or load it (Python: import customops; "
+          "its path is customops.library_path())");
+    }
+  }
+}
+
+std::string explain(const std::string& message) {
+  if (message.find("customops::") != std::string::npos) {
+    return message + "\n(the model uses customops ops: link or load the customops op library, see above)";
+  }
+  return message;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  try {
+    require_customops_ops();
+    const torch::Device device(args.device);
+    at::Tensor x;
+    try {
+      x = torch::pickle_load(read_file(args.input, "input")).toTensor().to(device);
+    } catch (const c10::Error& e) {
+      throw std::runtime_error("input file '" + args.input + "' is not a tensor saved with torch.save: " +
+                               e.what_without_backtrace());
+    }
+    if (!std::ifstream(args.model).good()) throw std::runtime_error("model file '" + args.model + "' cannot be opened");
+
+    std::function<at::Tensor(const at::Tensor&)> run;
+    std::unique_ptr<torch::inductor::AOTIModelPackageLoader> package;
+    torch::jit::Module module;
+    try {
+      if (ends_with(args.model, ".pt2")) {
+        package = std::make_unique<torch::inductor::AOTIModelPackageLoader>(args.model);
+        run = [&](const at::Tensor& in) { return package->run({in})[0]; };
+      } else {
+        module = torch::jit::load(args.model, device);
+        module.eval();
+        run = [&](const at::Tensor& in) { return module.forward({in}).toTensor(); };
+      }
+    } catch (const c10::Error& e) {
+      throw std::runtime_error("cannot load model '" + args.model + "': " + explain(e.what_without_backtrace()));
+    }
+
+    c10::InferenceMode inference_mode;
+    auto sync = [&] {
+      if (device.is_cuda()) torch::cuda::synchronize();
+    };
+    at::Tensor out;
+    for (int i = 0; i < args.warmup; ++i) out = run(x);
+    std::vector<double> ms;
+    for (int i = 0; i < args.runs; ++i) {
+      sync();
+      const auto t0 = std::chrono::steady_clock::now();
+      out = run(x);
+      sync();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    const double p99 = ms[std::min(ms.size() - 1, static_cast<size_t>(0.99 * ms.size()))];
+
+    const std::vector<char> bytes = torch::pickle_save(out.cpu());
+    std::ofstream(args.output, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::printf("model %s, input %s, output %s on %s: median %.4f ms, p99 %.4f ms over %d runs\n",
+                args.model.c_str(), shape_str(x.sizes()).c_str(), shape_str(out.sizes()).c_str(),
+                args.device.c_str(), median, p99, args.runs);
+    return 0;
+  } catch (const c10::Error& e) {
+    std::cerr << "customops_serve: error: " << explain(e.what_without_backtrace()) << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "customops_serve: error: " << e.what() << "\n";
+  }
+  return 1;
+}

@@ -1,0 +1,80 @@
+"""The C++ server (export/cpp): built with torch's CMake package, it runs TorchScript and
+AOTInductor exports of a model that uses customops' ops, matches Python, has no libpython
+dependency, and fails cleanly on bad files. The find_package(customops) example links and runs."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import customops
+from customops.export import export_aoti, export_torchscript
+from customops.export.cpp import DEFAULT_BUILD, build_serve, run_serve
+
+from test_export import UsesAllOps
+
+pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (export/cpp/build.sh)")
+
+
+@pytest.fixture(scope="module")
+def serve():
+    return build_serve()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    torch.manual_seed(0)
+    model = UsesAllOps().eval()
+    d = tmp_path_factory.mktemp("cpp")
+    return model, {
+        "pt": export_torchscript(model, str(d / "m.pt")),
+        "pt2": export_aoti(model, torch.randn(8, 12), str(d / "m.pt2")),
+    }
+
+
+@pytest.mark.parametrize("fmt", ["pt", "pt2"])
+@pytest.mark.parametrize("batch", [1, 37])
+def test_serve_matches_python(serve, exported, fmt, batch, tmp_path):
+    model, paths = exported
+    x = torch.randn(batch, 12)
+    out, median_ms, p99_ms = run_serve(serve, paths[fmt], x, str(tmp_path), runs=5)
+    torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
+    assert 0 < median_ms <= p99_ms
+
+
+def test_no_libpython_dependency(serve):
+    for path in (serve, os.path.join(os.path.dirname(serve), "..", "lib", "libcustomops.so"), customops.library_path()):
+        needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
+        assert "libpython" not in needed, path
+    # Every dependency of the installed binary resolves through its rpath.
+    needed = subprocess.run(["ldd", serve], capture_output=True, text=True, check=True).stdout
+    assert "not found" not in needed, needed
+
+
+def test_find_package_example_links_and_runs(serve):
+    out = subprocess.run([os.path.join(DEFAULT_BUILD, "example", "customops_example")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "matches ATen" in out.stdout
+
+
+def test_bad_files_fail_cleanly(serve, exported, tmp_path):
+    _, paths = exported
+    good_input = tmp_path / "x.pt"
+    torch.save(torch.randn(2, 12), good_input)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a model")
+    cases = [
+        ([str(tmp_path / "missing.pt"), str(good_input)], "cannot be opened"),
+        ([str(garbage), str(good_input)], "cannot load model"),
+        ([str(tmp_path / "garbage.pt2"), str(good_input)], "cannot be opened"),
+        ([paths["pt"], str(garbage)], "is not a tensor saved with torch.save"),
+        ([paths["pt"], str(tmp_path / "missing_input.pt")], "cannot be opened"),
+    ]
+    for args, message in cases:
+        out = subprocess.run([serve, *args, str(tmp_path / "y.pt")], capture_output=True, text=True)
+        assert out.returncode == 1, (args, out.returncode, out.stderr)  # an error exit, not a signal
+        assert message in out.stderr, (args, out.stderr)
+    out = subprocess.run([serve, paths["pt"]], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage:" in out.stderr
