@@ -4,6 +4,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from .ops import fused_linear_sigmoid
 
@@ -51,6 +52,13 @@ class FusedLinearSigmoid(nn.Module):
         """A FusedLinearSigmoid that shares ``linear``'s parameters (same tensors, no copy)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"customops: expected linear to be an nn.Linear, but got {type(linear).__name__}")
+        if parametrize.is_parametrized(linear):
+            # Its weight is computed on each access; sharing a snapshot would silently stop training it.
+            raise ValueError(
+                "customops: expected linear to have plain parameters, but it is parametrized "
+                f"({', '.join(linear.parametrizations.keys())}); remove the parametrization first "
+                "(torch.nn.utils.parametrize.remove_parametrizations)"
+            )
         fused = cls.__new__(cls)
         nn.Module.__init__(fused)
         fused.in_features = linear.in_features
@@ -64,6 +72,10 @@ class FusedLinearSigmoid(nn.Module):
         return fused
 
 
+def _has_hooks(*modules: nn.Module) -> bool:
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
 def fuse_linear_sigmoid(model: nn.Module) -> int:
     """Replaces, in place, every ``nn.Linear`` directly followed by ``nn.Sigmoid`` inside an
     ``nn.Sequential`` (at any depth of ``model``) with a :class:`FusedLinearSigmoid` sharing the
@@ -71,7 +83,9 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
     indices stay the same. Returns the number of pairs fused.
 
     Only ``nn.Sequential`` children have an order that a module tree shows; a Linear and a
-    Sigmoid called one after the other in a custom ``forward`` are left alone.
+    Sigmoid called one after the other in a custom ``forward`` are left alone. So are pairs
+    where either module has forward hooks or pre-hooks (fusing would drop them) and
+    parametrized Linears (e.g. weight_norm).
     """
     fused = 0
     for module in model.modules():
@@ -80,7 +94,7 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
         names = list(module._modules.keys())
         for first, second in zip(names, names[1:]):
             linear, act = module._modules[first], module._modules[second]
-            if type(linear) is nn.Linear and isinstance(act, nn.Sigmoid):
+            if type(linear) is nn.Linear and isinstance(act, nn.Sigmoid) and not _has_hooks(linear, act):
                 module._modules[first] = FusedLinearSigmoid.from_linear(linear)
                 module._modules[second] = nn.Identity()
                 fused += 1

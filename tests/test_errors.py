@@ -28,10 +28,12 @@ def _cases(device):
         (torch.ops.customops.add, (x.long(), x.long()), ["a", "torch.int64"]),
         (torch.ops.customops.sigmoid, (x.int(),), ["x", "torch.int32"]),
         (torch.ops.customops.sigmoid_backward, (x, x.half()), ["y", "dtype of grad_out"]),
+        (flsig, (x.to(torch.uint16), w, b), ["x", "torch.uint16"]),
+        (torch.ops.customops.sigmoid, (x.to(torch.float8_e4m3fn),), ["x", "torch.float8_e4m3fn"]),
     ]
 
 
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(len(_cases("cpu"))))
 def test_errors_name_the_argument_and_match_fake(device, case):
     op, args, expected = _cases(device)[case]
     with pytest.raises(RuntimeError) as eager:

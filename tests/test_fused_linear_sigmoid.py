@@ -181,3 +181,46 @@ def test_opcheck_backward(device, mask):
     g = torch.randn_like(y)
     args = [t.requires_grad_() for t in (g, x, w, y)]
     torch.library.opcheck(op_bw, (*args, mask))
+
+
+def test_output_and_grads_are_fresh_tensors_not_views(device):
+    x = torch.randn(2, 3, 5, device=device, requires_grad=True)
+    w = torch.randn(4, 5, device=device)
+    y = op(x, w, None)
+    assert not y._is_view()
+    y.add_(1)  # in-place on the output works as on any fresh tensor (as F.linear's output does)
+    gx, gw, gb = op_bw(torch.ones(2, 3, 4, device=device), x.detach(), w, torch.rand(2, 3, 4, device=device), [True, True, True])
+    assert not any(t._is_view() for t in (gx, gw, gb))
+
+
+@pytest.mark.parametrize("in_features,out_features", [(0, 3), (5, 0), (0, 0)])
+def test_zero_features(device, in_features, out_features):
+    x = torch.randn(4, in_features, device=device, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(out_features, in_features, device=device, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(out_features, device=device, dtype=torch.float64, requires_grad=True)
+    out = op(x, w, b)
+    ref = reference(x, w, b)
+    torch.testing.assert_close(out, ref)  # in_features 0: sigmoid(bias) on every row
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (x, w, b), g)
+    ref_grads = torch.autograd.grad(torch.sigmoid(F.linear(x, w, b)), (x, w, b), g)
+    for got, want in zip(grads, ref_grads):
+        torch.testing.assert_close(got, want)
+    torch.library.opcheck(op, (x, w, b))
+
+
+def test_library_alone_runs_with_inputs_that_require_grad():
+    # As a C++ program or a bare torch.ops.load_library uses it: no Python autograd formula.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        f"torch.ops.load_library({customops.library_path()!r})\n"
+        "x, w = torch.randn(3, 5), torch.randn(2, 5, requires_grad=True)\n"
+        "y = torch.ops.customops.fused_linear_sigmoid(x, w, None)\n"
+        "assert torch.allclose(y, torch.sigmoid(x @ w.T).detach())\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torch import nn
 
@@ -72,3 +73,21 @@ def test_module_trains(device):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_from_linear_rejects_parametrized_linear():
+    linear = torch.nn.utils.parametrizations.weight_norm(nn.Linear(5, 3))
+    with pytest.raises(ValueError, match="parametrized"):
+        FusedLinearSigmoid.from_linear(linear)
+    model = nn.Sequential(linear, nn.Sigmoid())
+    assert fuse_linear_sigmoid(model) == 0
+
+
+def test_fuse_helper_keeps_pairs_with_hooks():
+    model = nn.Sequential(nn.Linear(4, 3), nn.Sigmoid(), nn.Linear(3, 3), nn.Sigmoid())
+    model[1].register_forward_hook(lambda m, inp, out: out * 2)
+    x = torch.randn(2, 4)
+    before = model(x)
+    assert fuse_linear_sigmoid(model) == 1  # only the second pair, which has no hooks
+    assert type(model[0]) is nn.Linear and isinstance(model[2], FusedLinearSigmoid)
+    torch.testing.assert_close(model(x), before)

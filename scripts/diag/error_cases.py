@@ -26,11 +26,19 @@ if len(sys.argv) == 3:
 devices = ["cpu", "cuda"]
 
 
+def _cases_count():
+    import torch  # noqa: F401
+    from test_errors import _cases
+
+    return _cases("cpu")
+
+
+
 def run(job):
     r = subprocess.run([sys.executable, __file__, *job], capture_output=True, text=True, timeout=300)
     return job, r.returncode, (r.stdout.strip().splitlines() or [""])[-1]
 
 
 with ThreadPoolExecutor(16) as pool:
-    for (dev, case), rc, tail in pool.map(run, [(d, str(c)) for d in devices for c in range(13)]):
+    for (dev, case), rc, tail in pool.map(run, [(d, str(c)) for d in devices for c in range(len(_cases_count()))]):
         print(f"{dev} case {case}: exit {rc} {tail}", flush=True)

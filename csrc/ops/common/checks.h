@@ -24,6 +24,14 @@ inline const char* dtype_name(at::ScalarType dt) {
     case at::kBool: return "torch.bool";
     case at::kComplexFloat: return "torch.complex64";
     case at::kComplexDouble: return "torch.complex128";
+    case at::kComplexHalf: return "torch.complex32";
+    case at::kUInt16: return "torch.uint16";
+    case at::kUInt32: return "torch.uint32";
+    case at::kUInt64: return "torch.uint64";
+    case at::kFloat8_e4m3fn: return "torch.float8_e4m3fn";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
+    case at::kFloat8_e4m3fnuz: return "torch.float8_e4m3fnuz";
+    case at::kFloat8_e5m2fnuz: return "torch.float8_e5m2fnuz";
     default: return c10::toString(dt);
   }
 }

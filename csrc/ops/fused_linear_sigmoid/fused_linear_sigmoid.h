@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 
 #include <array>
 #include <tuple>
@@ -58,8 +59,22 @@ inline void check_fused_linear_sigmoid_backward_args(
       " (x.shape[:-1] + (out_features,)), but got ", shape_str(y.sizes()));
 }
 
+// Rows of the (rows, features) matrix that t is viewed as: the product of all but
+// its last dimension, computed rather than inferred with -1 so that a last
+// dimension of 0 (in_features or out_features 0) works.
+inline int64_t leading_rows(const at::Tensor& t) {
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return rows;
+}
+
 // The forward and backward below expect arguments that passed the checks
 // above; backends run the checks first, then set their device guard.
+//
+// Both run their ATen calls below autograd: a backend kernel never records a
+// graph, also when the library is used without its Python autograd formulas
+// (a C++ program) and an input requires grad. Every returned tensor is its own
+// allocation, never a view, so in-place ops on it work as on any fresh tensor.
 //
 // bias_sigmoid_(out2d, bias): out2d <- sigmoid(out2d + bias) in place, with
 // out2d contiguous (M, out_features) and bias contiguous or absent.
@@ -67,16 +82,19 @@ template <typename BiasSigmoidFn>
 at::Tensor fused_linear_sigmoid_forward_impl(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
     BiasSigmoidFn bias_sigmoid_) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const int64_t rows = leading_rows(x);
   const int64_t in_features = weight.size(1);
   const int64_t out_features = weight.size(0);
-  // reshape copies only where the strides demand it; mm takes any strides.
-  const at::Tensor x2d = x.reshape({-1, in_features});
-  at::Tensor out = at::empty({x2d.size(0), out_features}, x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = at::empty(
+      fused_linear_sigmoid_output_shape(x, weight), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() > 0) {
-    at::mm_out(out, x2d, weight.t());
-    bias_sigmoid_(out, bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : c10::nullopt);
+    at::Tensor out2d = out.view({rows, out_features});
+    // reshape copies only where the strides demand it; mm takes any strides.
+    at::mm_out(out2d, x.reshape({rows, in_features}), weight.t());
+    bias_sigmoid_(out2d, bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : c10::nullopt);
   }
-  return out.view(fused_linear_sigmoid_output_shape(x, weight));
+  return out;
 }
 
 // grad_z = grad_out * y * (1 - y); grad_x = grad_z @ W; grad_W = grad_z^T @ x;
@@ -85,14 +103,24 @@ template <typename SigmoidBackwardFn>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_impl(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& y,
     std::array<bool, 3> output_mask, SigmoidBackwardFn sigmoid_backward_fn) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const int64_t rows = leading_rows(x);
   const int64_t in_features = weight.size(1);
   const int64_t out_features = weight.size(0);
   const at::Tensor grad_z =
-      sigmoid_backward_fn(grad_out.reshape({-1, out_features}), y.reshape({-1, out_features}));
-  at::Tensor grad_x, grad_weight, grad_bias;
-  grad_x = output_mask[0] ? at::mm(grad_z, weight).view(x.sizes()) : x.new_empty({0});
-  grad_weight = output_mask[1] ? at::mm(grad_z.t(), x.reshape({-1, in_features})) : x.new_empty({0});
-  grad_bias = output_mask[2] ? grad_z.sum(0) : x.new_empty({0});
+      sigmoid_backward_fn(grad_out.reshape({rows, out_features}), y.reshape({rows, out_features}));
+  at::Tensor grad_x = x.new_empty({0});
+  at::Tensor grad_weight = x.new_empty({0});
+  at::Tensor grad_bias = x.new_empty({0});
+  if (output_mask[0]) {
+    grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+    if (grad_x.numel() > 0) {
+      at::Tensor grad_x2d = grad_x.view({rows, in_features});
+      at::mm_out(grad_x2d, grad_z, weight);
+    }
+  }
+  if (output_mask[1]) grad_weight = at::mm(grad_z.t(), x.reshape({rows, in_features}));
+  if (output_mask[2]) grad_bias = grad_z.sum(0);
   return {grad_x, grad_weight, grad_bias};
 }
 
