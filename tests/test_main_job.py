@@ -1,3 +1,4 @@
+import shutil
 import subprocess
 import sys
 
@@ -14,6 +15,8 @@ def test_main_job_trains_and_all_forms_agree():
     names = [r.split("|")[1].strip() for r in rows]
     assert names[:3] == ["eager", "torch.compile", "TorchScript (.pt, loaded)"]
     assert "ONNX Runtime (.onnx, CPU)" in names
+    if shutil.which("cmake"):
+        assert {"C++ customops_serve (.pt)", "C++ customops_serve (.pt2)"} <= set(names), out.stdout
     for row in rows:
         if "skipped:" in row:
             continue

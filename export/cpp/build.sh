@@ -6,6 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-$root/.venv/bin/python}
 BUILD=${BUILD:-$root/build/cpp}
+mkdir -p "$BUILD"
 prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 library=$("$PYTHON" -c 'import customops; print(customops.library_path())')
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -39,12 +40,12 @@ if torch.version.cuda is not None:
 PY
 )
 cmake -S "$root/export/cpp" -B "$BUILD/serve" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCUSTOMOPS_LIBRARY="$library" "${cuda_args[@]}" > "$BUILD.serve.log" 2>&1 \
-  || { tail -30 "$BUILD.serve.log"; exit 1; }
-cmake --build "$BUILD/serve" -j "${MAX_JOBS:-2}" >> "$BUILD.serve.log" 2>&1 || { tail -30 "$BUILD.serve.log"; exit 1; }
-cmake --install "$BUILD/serve" --prefix "$BUILD/install" >> "$BUILD.serve.log" 2>&1
+  -DCUSTOMOPS_LIBRARY="$library" "${cuda_args[@]}" > "$BUILD/serve.log" 2>&1 \
+  || { tail -30 "$BUILD/serve.log"; exit 1; }
+cmake --build "$BUILD/serve" -j "${MAX_JOBS:-2}" >> "$BUILD/serve.log" 2>&1 || { tail -30 "$BUILD/serve.log"; exit 1; }
+cmake --install "$BUILD/serve" --prefix "$BUILD/install" >> "$BUILD/serve.log" 2>&1
 cmake -S "$root/export/cpp/example" -B "$BUILD/example" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$BUILD/install;$prefix" "${cuda_args[@]}" > "$BUILD.example.log" 2>&1 \
-  || { tail -30 "$BUILD.example.log"; exit 1; }
-cmake --build "$BUILD/example" -j "${MAX_JOBS:-2}" >> "$BUILD.example.log" 2>&1 || { tail -30 "$BUILD.example.log"; exit 1; }
+  -DCMAKE_PREFIX_PATH="$BUILD/install;$prefix" "${cuda_args[@]}" > "$BUILD/example.log" 2>&1 \
+  || { tail -30 "$BUILD/example.log"; exit 1; }
+cmake --build "$BUILD/example" -j "${MAX_JOBS:-2}" >> "$BUILD/example.log" 2>&1 || { tail -30 "$BUILD/example.log"; exit 1; }
 echo "$BUILD/install/bin/customops_serve"
