@@ -78,3 +78,15 @@ def test_bad_files_fail_cleanly(serve, exported, tmp_path):
         assert message in out.stderr, (args, out.stderr)
     out = subprocess.run([serve, paths["pt"]], capture_output=True, text=True)
     assert out.returncode == 2 and "usage:" in out.stderr
+
+
+@pytest.mark.parametrize("fmt", ["pt", "pt2"])
+def test_program_without_the_op_library_names_the_op_and_the_fix(serve, exported, fmt, tmp_path):
+    _, paths = exported
+    without_ops = os.path.join(DEFAULT_BUILD, "serve", "customops_serve_without_ops")
+    x = tmp_path / "x.pt"
+    torch.save(torch.randn(2, 12), x)
+    out = subprocess.run([without_ops, paths[fmt], str(x), str(tmp_path / "y.pt")], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    assert "customops::fused_linear_sigmoid" in out.stderr
+    assert "op library is not loaded" in out.stderr and "customops::customops" in out.stderr

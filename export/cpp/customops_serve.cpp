@@ -95,9 +95,14 @@ void require_customops_ops() {
   }
 }
 
+// Torch's own message names the missing op; add how to get it.
 std::string explain(const std::string& message) {
-  if (message.find("customops::") != std::string::npos) {
-    return message + "\n(the model uses customops ops: link or load the customops op library, see above)";
+  if (message.find("customops::") != std::string::npos &&
+      message.find("op library is not loaded") == std::string::npos) {
+    return message +
+           "\nThe model uses customops ops, but the customops op library is not loaded: link it (CMake: "
+           "find_package(customops), target_link_libraries(app customops::customops)) or load it "
+           "(Python: import customops; its path is customops.library_path()).";
   }
   return message;
 }
@@ -107,7 +112,9 @@ std::string explain(const std::string& message) {
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
   try {
+#ifndef CUSTOMOPS_SERVE_WITHOUT_OPS
     require_customops_ops();
+#endif
     const torch::Device device(args.device);
     at::Tensor x;
     try {
@@ -132,6 +139,8 @@ int main(int argc, char** argv) {
       }
     } catch (const c10::Error& e) {
       throw std::runtime_error("cannot load model '" + args.model + "': " + explain(e.what_without_backtrace()));
+    } catch (const std::exception& e) {  // TorchScript's ErrorReport, among others
+      throw std::runtime_error("cannot load model '" + args.model + "': " + explain(e.what()));
     }
 
     c10::InferenceMode inference_mode;
@@ -161,7 +170,7 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     std::cerr << "customops_serve: error: " << explain(e.what_without_backtrace()) << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "customops_serve: error: " << e.what() << "\n";
+    std::cerr << "customops_serve: error: " << explain(e.what()) << "\n";
   }
   return 1;
 }
