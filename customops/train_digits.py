@@ -76,18 +76,10 @@ def latency_ms(fn, x, runs: int = 50) -> float:
     return statistics.median(times)
 
 
-def _aoti_python_loading_works() -> bool:
-    # Seen 2026-11-29 on the H200 machine: torch 2.11's aoti_load_package segfaults even for a
-    # plain nn.Linear package, while torch 2.13 and 2.14 load packages on the CPU. The C++
-    # loader is the path to check packages on older torch.
-    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
-    return (major, minor) >= (2, 13)
-
-
 def model_forms(model, example, export_dir):
     """The forms of the trained model that a user ships, exported to export_dir and loaded
     back: name -> callable. Also returns {format: path} and the forms skipped, with why."""
-    from customops.export import export_model, load_aoti, load_torchscript
+    from customops.export import aoti_python_loading_works, export_model, load_aoti, load_torchscript
 
     warnings.filterwarnings("ignore", message=".*torch.jit.* is deprecated", category=FutureWarning)
     forms = {"eager": model, "torch.compile": torch.compile(model, fullgraph=True, dynamic=True)}
@@ -102,7 +94,7 @@ def model_forms(model, example, export_dir):
         skipped["ONNX Runtime (.onnx)"] = f"onnx export needs onnxscript and onnxruntime ({e})"
     paths = export_model(model, example, export_dir, "digits", formats)
     forms["TorchScript (.pt, loaded)"] = load_torchscript(paths["pt"], map_location=str(example.device))
-    if _aoti_python_loading_works():
+    if aoti_python_loading_works():
         forms["AOTInductor (.pt2, Python)"] = load_aoti(paths["pt2"])
     else:
         skipped["AOTInductor (.pt2, Python)"] = (

@@ -10,9 +10,15 @@ import torch
 from torch import nn
 
 import customops
-from customops.export import export_aoti, export_onnx, export_torchscript, load_aoti, load_torchscript
+from customops.export import (
+    aoti_python_loading_works,
+    export_aoti,
+    export_onnx,
+    export_torchscript,
+    load_aoti,
+    load_torchscript,
+)
 from customops.nn import FusedLinearSigmoid
-from customops.train_digits import _aoti_python_loading_works
 
 
 class UsesAllOps(nn.Module):
@@ -46,7 +52,7 @@ def test_torchscript_roundtrip(model, tmp_path):
 
 
 @pytest.mark.skipif(
-    not _aoti_python_loading_works(),
+    not aoti_python_loading_works(),
     reason=f"torch {torch.__version__}'s aoti_load_package is known to crash (seen on torch 2.11); "
     "packages are checked through the C++ loader there",
 )

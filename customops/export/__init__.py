@@ -102,6 +102,15 @@ def export_model(
     return paths
 
 
+def aoti_python_loading_works() -> bool:
+    """Whether this torch's Python AOTInductor loader can be trusted. Seen 2026-11-29 on the
+    H200 machine: torch 2.11's aoti_load_package segfaults even for a plain nn.Linear package,
+    while torch 2.13 and 2.14 load packages on the CPU. Where it cannot, check packages with
+    the C++ loader (export/cpp/customops_serve)."""
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 13)
+
+
 def _check_file(path: str) -> None:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"customops: model file {path!r} does not exist")
@@ -142,6 +151,7 @@ def __getattr__(name):
 
 __all__ = [
     "FORMATS",
+    "aoti_python_loading_works",
     "ONNX_TRANSLATION_TABLE",
     "export_aoti",
     "export_model",
