@@ -29,7 +29,7 @@ def exported(tmp_path_factory):
     model = UsesAllOps().eval()
     d = tmp_path_factory.mktemp("cpp")
     return model, {
-        "pt": export_torchscript(model, str(d / "m.pt")),
+        "pt": export_torchscript(model, None, str(d / "m.pt")),
         "pt2": export_aoti(model, torch.randn(8, 12), str(d / "m.pt2")),
     }
 
@@ -71,13 +71,37 @@ def test_bad_files_fail_cleanly(serve, exported, tmp_path):
         ([str(tmp_path / "garbage.pt2"), str(good_input)], "cannot be opened"),
         ([paths["pt"], str(garbage)], "is not a tensor saved with torch.save"),
         ([paths["pt"], str(tmp_path / "missing_input.pt")], "cannot be opened"),
+        ([paths["pt"], str(tmp_path)], "cannot be read"),  # a directory as input
     ]
+    wrong_shape = tmp_path / "wrong_shape.pt"
+    torch.save(torch.randn(3, 2, 12), wrong_shape)
+    cases.append(([paths["pt2"], str(wrong_shape)], "error"))  # checked, not read out of bounds
+    if not torch.cuda.is_available():
+        cases.append(([paths["pt"], str(good_input), "--device", "cuda"], "no usable CUDA device"))
     for args, message in cases:
-        out = subprocess.run([serve, *args, str(tmp_path / "y.pt")], capture_output=True, text=True)
+        options = args[2:]
+        out = subprocess.run([serve, *args[:2], str(tmp_path / "y.pt"), *options], capture_output=True, text=True)
         assert out.returncode == 1, (args, out.returncode, out.stderr)  # an error exit, not a signal
         assert message in out.stderr, (args, out.stderr)
-    out = subprocess.run([serve, paths["pt"]], capture_output=True, text=True)
-    assert out.returncode == 2 and "usage:" in out.stderr
+    # An output that cannot be written is an error, not a success.
+    out = subprocess.run([serve, paths["pt"], str(good_input), str(tmp_path / "no" / "such" / "dir.pt")],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "cannot be written" in out.stderr, out.stderr
+    for bad_usage in ([paths["pt"]], [paths["pt"], str(good_input), "y.pt", "--runs", "5abc"]):
+        out = subprocess.run([serve, *bad_usage], capture_output=True, text=True)
+        assert out.returncode == 2 and "usage:" in out.stderr, out.stderr
+
+
+def test_model_with_several_outputs_is_refused(serve, tmp_path):
+    class TwoOutputs(torch.nn.Module):
+        def forward(self, x):
+            return x, customops.sigmoid(x)
+
+    path = export_torchscript(TwoOutputs(), None, str(tmp_path / "two.pt"))
+    x = tmp_path / "x.pt"
+    torch.save(torch.randn(2, 3), x)
+    out = subprocess.run([serve, path, str(x), str(tmp_path / "y.pt")], capture_output=True, text=True)
+    assert out.returncode == 1 and "one tensor output" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("fmt", ["pt", "pt2"])

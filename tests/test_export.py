@@ -44,7 +44,7 @@ BATCHES = (1, 37)
 
 
 def test_torchscript_roundtrip(model, tmp_path):
-    path = export_torchscript(model, str(tmp_path / "m.pt"))
+    path = export_torchscript(model, None, str(tmp_path / "m.pt"))
     loaded = load_torchscript(path)
     for b in BATCHES:
         x = torch.randn(b, 12)
@@ -102,6 +102,35 @@ def test_missing_and_corrupt_files_give_clear_errors(tmp_path):
     corrupt.write_bytes(b"this is not a model")
     with pytest.raises(RuntimeError, match="could not load TorchScript model .*corrupt.pt"):
         load_torchscript(str(corrupt))
+
+
+def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
+    pytest.importorskip("onnxscript")
+
+    class AddsFixedBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("offset", torch.randn(8, 12))
+
+        def forward(self, x):
+            return customops.add(x, self.offset)
+
+    with pytest.raises((ValueError, Exception), match="batch"):
+        export_onnx(AddsFixedBuffer(), torch.randn(8, 12), str(tmp_path / "fixed.onnx"))
+    assert not (tmp_path / "fixed.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["customops.train_digits:make_model", "--input-shape", "8x64"], "comma-separated integers"),
+        (["customops.train_digits:nope", "--input-shape", "8,64"], "cannot find"),
+        (["no_colon", "--input-shape", "8,64"], "package.module:callable"),
+    ],
+)
+def test_command_line_errors_are_messages_not_tracebacks(args, message):
+    out = subprocess.run([sys.executable, "-m", "customops.export", *args], capture_output=True, text=True)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_command_line(tmp_path):

@@ -29,14 +29,21 @@ def _as_tuple(example_inputs) -> Tuple[torch.Tensor, ...]:
 def _batch_spec(example_inputs: Sequence[torch.Tensor], max_batch: int):
     """Example inputs with a batch of at least 2 (a batch of 1 would be specialized) and a
     dynamic_shapes spec marking dim 0 of each input as the shared batch dimension."""
+    if max_batch < 2:
+        raise ValueError(f"customops: expected max_batch >= 2, got {max_batch}")
+    if any(t.dim() == 0 or t.shape[0] == 0 for t in example_inputs):
+        raise ValueError(
+            "customops: expected example inputs with a batch dimension of size >= 1 (dim 0), got shapes "
+            f"{[list(t.shape) for t in example_inputs]}"
+        )
     batch = torch.export.Dim("batch", min=1, max=max_batch)
     inputs = tuple(t if t.shape[0] >= 2 else t.expand(2, *t.shape[1:]).contiguous() for t in example_inputs)
     return inputs, tuple({0: batch} for _ in inputs)
 
 
-def export_torchscript(model: nn.Module, path: str, example_inputs=None, trace: bool = False) -> str:
+def export_torchscript(model: nn.Module, example_inputs, path: str, trace: bool = False) -> str:
     """Writes ``model`` as TorchScript: ``torch.jit.script`` (``trace=True``: ``torch.jit.trace``
-    on ``example_inputs``). Load it in C++ with ``torch::jit::load`` once the op library is
+    on ``example_inputs``, which scripting does not need: pass None). Load it in C++ with ``torch::jit::load`` once the op library is
     loaded, or in Python with :func:`load_torchscript`. Returns ``path``."""
     model = model.eval()
     if trace:
@@ -56,7 +63,12 @@ def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DE
     ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns the path."""
     inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
     program = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
-    return torch._inductor.aoti_compile_and_package(program, package_path=os.fspath(path))
+    # The batch is exported as 1..max_batch, but torch.export treats 0 and 1 specially and
+    # records a lower bound of 2; the packages' runtime input checks (which customops' loaders
+    # turn on) would then refuse a batch of 1, which the compiled code handles.
+    return torch._inductor.aoti_compile_and_package(
+        program, package_path=os.fspath(path), inductor_configs={"aot_inductor.check_lowerbound": False}
+    )
 
 
 def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH) -> str:
@@ -76,6 +88,18 @@ def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DE
         verbose=False,
     )
     program.save(os.fspath(path))
+    # The exporter may fall back to a static batch where torch.export would refuse (e.g. a
+    # model that adds a fixed-size buffer): an ONNX file with a fixed batch is not what was asked.
+    import onnx
+
+    for graph_input in onnx.load(os.fspath(path), load_external_data=False).graph.input:
+        dim0 = graph_input.type.tensor_type.shape.dim[0] if graph_input.type.tensor_type.shape.dim else None
+        if dim0 is None or not dim0.dim_param:
+            os.remove(os.fspath(path))
+            raise ValueError(
+                f"customops: the model's input {graph_input.name!r} cannot have a dynamic batch dimension "
+                "(dim 0); the model fixes it (check with torch.export.export and dynamic_shapes)"
+            )
     return path
 
 
@@ -88,9 +112,11 @@ def export_model(
     max_batch: int = DEFAULT_MAX_BATCH,
 ) -> Dict[str, str]:
     """Writes ``out_dir/name.{pt,pt2,onnx}`` for the formats asked; returns ``{format: path}``."""
+    if isinstance(formats, str):
+        formats = (formats,)
     os.makedirs(out_dir, exist_ok=True)
     writers = {
-        "pt": lambda p: export_torchscript(model, p),
+        "pt": lambda p: export_torchscript(model, None, p),
         "pt2": lambda p: export_aoti(model, example_inputs, p, max_batch),
         "onnx": lambda p: export_onnx(model, example_inputs, p, max_batch),
     }
@@ -134,6 +160,9 @@ def load_aoti(path: str):
     :func:`load_torchscript`."""
     _check_file(path)
     customops.load_library()
+    # Packages check input shapes and dtypes only when this is set (read once per process);
+    # without it a wrong-shaped input reads out of bounds.
+    os.environ.setdefault("AOTI_RUNTIME_CHECK_INPUTS", "1")
     try:
         return torch._inductor.aoti_load_package(path)
     except Exception as e:  # the loader raises several types for a bad archive

@@ -17,11 +17,14 @@ import torch
 from . import FORMATS, export_model
 
 
-def _load_model(spec: str):
+def _load_model(parser, spec: str):
     module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise SystemExit(f"customops.export: MODEL must look like package.module:callable, got {spec!r}")
-    factory = getattr(importlib.import_module(module_name), attr)
+    if not module_name or not attr:
+        parser.error(f"MODEL must look like package.module:callable, got {spec!r}")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        parser.error(f"cannot find {spec!r}: {e}")
     return factory()
 
 
@@ -29,7 +32,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m customops.export", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="package.module:callable returning the nn.Module")
     parser.add_argument("--input-shape", required=True, help="example input shape, e.g. 8,64")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--state-dict", help="torch.save'd state_dict to load into the model")
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
@@ -38,13 +41,25 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     dtype = getattr(torch, args.dtype)
-    model = _load_model(args.model)
+    try:
+        shape = tuple(int(s) for s in args.input_shape.split(","))
+    except ValueError:
+        parser.error(f"--input-shape must be comma-separated integers such as 8,64, got {args.input_shape!r}")
+    if not shape or min(shape) < 1:
+        parser.error(f"--input-shape needs at least one dimension, each >= 1, got {args.input_shape!r}")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device is available")
+    model = _load_model(parser, args.model)
     if args.state_dict:
         model.load_state_dict(torch.load(args.state_dict, map_location="cpu", weights_only=True))
     model = model.to(device=args.device, dtype=dtype).eval()
-    shape = tuple(int(s) for s in args.input_shape.split(","))
     example = torch.randn(shape, device=args.device, dtype=dtype)
-    for fmt, path in export_model(model, example, args.out, args.name, args.formats).items():
+    try:
+        paths = export_model(model, example, args.out, args.name, args.formats)
+    except (ValueError, RuntimeError) as e:
+        print(f"customops.export: error: {e}", file=sys.stderr)
+        return 1
+    for fmt, path in paths.items():
         print(f"{fmt}: {path}")
     return 0
 

@@ -36,7 +36,7 @@ if torch.version.cuda is not None:
             print(f"-D{var}={hit}")
     includes = [d for root in roots[1:] for d in sorted(glob.glob(os.path.join(root, "*", "include")))]
     if includes:
-        print("-DCMAKE_CXX_FLAGS=" + " ".join("-I" + d for d in includes))
+        print("-DCUSTOMOPS_CUDA_INCLUDE_DIRS=" + ";".join(includes))
 PY
 )
 cmake -S "$root/export/cpp" -B "$BUILD/serve" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
@@ -44,8 +44,10 @@ cmake -S "$root/export/cpp" -B "$BUILD/serve" -DCMAKE_BUILD_TYPE=Release -DCMAKE
   || { tail -30 "$BUILD/serve.log"; exit 1; }
 cmake --build "$BUILD/serve" -j "${MAX_JOBS:-2}" >> "$BUILD/serve.log" 2>&1 || { tail -30 "$BUILD/serve.log"; exit 1; }
 cmake --install "$BUILD/serve" --prefix "$BUILD/install" >> "$BUILD/serve.log" 2>&1
+# The example is configured as a user's project would be: with the install prefix alone (the
+# installed customopsConfig.cmake knows where torch and its CUDA pieces are).
 cmake -S "$root/export/cpp/example" -B "$BUILD/example" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$BUILD/install;$prefix" "${cuda_args[@]}" > "$BUILD/example.log" 2>&1 \
+  -DCMAKE_PREFIX_PATH="$BUILD/install" > "$BUILD/example.log" 2>&1 \
   || { tail -30 "$BUILD/example.log"; exit 1; }
 cmake --build "$BUILD/example" -j "${MAX_JOBS:-2}" >> "$BUILD/example.log" 2>&1 || { tail -30 "$BUILD/example.log"; exit 1; }
 echo "$BUILD/install/bin/customops_serve"

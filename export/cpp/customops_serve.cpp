@@ -13,6 +13,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -37,6 +38,13 @@ struct Args {
   std::exit(2);
 }
 
+int parse_int(const std::string& text, const std::string& option) {
+  size_t used = 0;
+  const int v = std::stoi(text, &used);
+  if (used != text.size()) usage(("bad number for " + option + ": " + text).c_str());
+  return v;
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   std::vector<std::string> positional;
@@ -47,9 +55,10 @@ Args parse(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (arg == "--device") a.device = value();
-      else if (arg == "--runs") a.runs = std::stoi(value());
-      else if (arg == "--warmup") a.warmup = std::stoi(value());
+      if (arg == "-h" || arg == "--help") usage("runs a model that uses customops' ops on one input");
+      else if (arg == "--device") a.device = value();
+      else if (arg == "--runs") a.runs = parse_int(value(), arg);
+      else if (arg == "--warmup") a.warmup = parse_int(value(), arg);
       else if (arg.rfind("--", 0) == 0) usage(("unknown option " + arg).c_str());
       else positional.push_back(arg);
     } catch (const std::logic_error&) {
@@ -67,7 +76,11 @@ Args parse(int argc, char** argv) {
 std::vector<char> read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(std::string(what) + " file '" + path + "' cannot be opened");
-  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  try {
+    return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {  // a directory, say
+    throw std::runtime_error(std::string(what) + " file '" + path + "' cannot be read: " + e.what());
+  }
 }
 
 // Built with std::to_string: see csrc/ops/common/checks.h on integer streaming.
@@ -97,8 +110,9 @@ void require_customops_ops() {
 
 // Torch's own message names the missing op; add how to get it.
 std::string explain(const std::string& message) {
-  if (message.find("customops::") != std::string::npos &&
-      message.find("op library is not loaded") == std::string::npos) {
+  const bool missing_op = message.find("Unknown builtin op: customops::") != std::string::npos ||
+                          message.find("Could not find schema for customops::") != std::string::npos;
+  if (missing_op && message.find("op library is not loaded") == std::string::npos) {
     return message +
            "\nThe model uses customops ops, but the customops op library is not loaded: link it (CMake: "
            "find_package(customops), target_link_libraries(app customops::customops)) or load it "
@@ -111,18 +125,29 @@ std::string explain(const std::string& message) {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  // AOTInductor packages check input shapes and dtypes only when this is set; without it a
+  // wrong-shaped input reads out of bounds.
+  setenv("AOTI_RUNTIME_CHECK_INPUTS", "1", /*overwrite=*/0);
   try {
 #ifndef CUSTOMOPS_SERVE_WITHOUT_OPS
     require_customops_ops();
 #endif
     const torch::Device device(args.device);
+    if (device.is_cuda() && !torch::cuda::is_available()) {
+      throw std::runtime_error("--device " + args.device + ": this machine has no usable CUDA device");
+    }
     at::Tensor x;
     try {
-      x = torch::pickle_load(read_file(args.input, "input")).toTensor().to(device);
+      const c10::IValue loaded = torch::pickle_load(read_file(args.input, "input"));
+      if (!loaded.isTensor()) throw std::runtime_error("it holds a " + loaded.tagKind() + ", not a tensor");
+      x = loaded.toTensor();
     } catch (const c10::Error& e) {
       throw std::runtime_error("input file '" + args.input + "' is not a tensor saved with torch.save: " +
                                e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw std::runtime_error("input file '" + args.input + "' is not a tensor saved with torch.save: " + e.what());
     }
+    x = x.to(device);
     if (!std::ifstream(args.model).good()) throw std::runtime_error("model file '" + args.model + "' cannot be opened");
 
     std::function<at::Tensor(const at::Tensor&)> run;
@@ -131,11 +156,25 @@ int main(int argc, char** argv) {
     try {
       if (ends_with(args.model, ".pt2")) {
         package = std::make_unique<torch::inductor::AOTIModelPackageLoader>(args.model);
-        run = [&](const at::Tensor& in) { return package->run({in})[0]; };
+        run = [&](const at::Tensor& in) {
+          std::vector<at::Tensor> outs = package->run({in});
+          if (outs.size() != 1) {
+            throw std::runtime_error("the model returns " + std::to_string(outs.size()) +
+                                     " tensors; customops_serve serves models with one tensor output");
+          }
+          return outs[0];
+        };
       } else {
         module = torch::jit::load(args.model, device);
         module.eval();
-        run = [&](const at::Tensor& in) { return module.forward({in}).toTensor(); };
+        run = [&](const at::Tensor& in) {
+          const c10::IValue out = module.forward({in});
+          if (!out.isTensor()) {
+            throw std::runtime_error("the model returns a " + out.tagKind() +
+                                     "; customops_serve serves models with one tensor output");
+          }
+          return out.toTensor();
+        };
       }
     } catch (const c10::Error& e) {
       throw std::runtime_error("cannot load model '" + args.model + "': " + explain(e.what_without_backtrace()));
@@ -162,7 +201,10 @@ int main(int argc, char** argv) {
     const double p99 = ms[std::min(ms.size() - 1, static_cast<size_t>(0.99 * ms.size()))];
 
     const std::vector<char> bytes = torch::pickle_save(out.cpu());
-    std::ofstream(args.output, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream output_file(args.output, std::ios::binary);
+    output_file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    output_file.close();
+    if (!output_file) throw std::runtime_error("output file '" + args.output + "' cannot be written");
     std::printf("model %s, input %s, output %s on %s: median %.4f ms, p99 %.4f ms over %d runs\n",
                 args.model.c_str(), shape_str(x.sizes()).c_str(), shape_str(out.sizes()).c_str(),
                 args.device.c_str(), median, p99, args.runs);
