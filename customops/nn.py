@@ -6,7 +6,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from .ops import fused_linear_sigmoid
 
 
 class FusedLinearSigmoid(nn.Module):

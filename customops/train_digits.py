@@ -111,6 +111,17 @@ def model_forms(model, example, export_dir):
     return forms, paths, skipped
 
 
+def table_row(name, logits, y, reference, ms):
+    """(path, accuracy, max abs diff vs eager, same predictions, latency ms)."""
+    return (
+        name,
+        (logits.argmax(1) == y).float().mean().item(),
+        (logits - reference).abs().max().item(),
+        bool(torch.equal(logits.argmax(1), reference.argmax(1))),
+        ms,
+    )
+
+
 def cpp_rows(paths, x, y, reference, work_dir, skipped):
     """Runs the held-out set through the C++ server (export/cpp/customops_serve, built here
     with torch's CMake package) for the TorchScript and AOTInductor exports."""
@@ -124,16 +135,7 @@ def cpp_rows(paths, x, y, reference, work_dir, skipped):
     rows = []
     for fmt in ("pt", "pt2"):
         logits, median_ms, _ = run_serve(binary, paths[fmt], x, work_dir)
-        logits = logits.to(x.device)
-        rows.append(
-            (
-                f"C++ customops_serve (.{fmt})",
-                (logits.argmax(1) == y).float().mean().item(),
-                (logits - reference).abs().max().item(),
-                bool(torch.equal(logits.argmax(1), reference.argmax(1))),
-                median_ms,
-            )
-        )
+        rows.append(table_row(f"C++ customops_serve (.{fmt})", logits.to(x.device), y, reference, median_ms))
     return rows
 
 
@@ -158,16 +160,7 @@ def main(argv=None) -> int:
         reference = model(x_test)
         rows = []
         for name, fn in forms.items():
-            logits = fn(x_test)
-            rows.append(
-                (
-                    name,
-                    (logits.argmax(1) == y_test).float().mean().item(),
-                    (logits - reference).abs().max().item(),
-                    bool(torch.equal(logits.argmax(1), reference.argmax(1))),
-                    latency_ms(fn, x_test),
-                )
-            )
+            rows.append(table_row(name, fn(x_test), y_test, reference, latency_ms(fn, x_test)))
         rows += cpp_rows(paths, x_test, y_test, reference, export_dir, skipped)
 
     print(f"\n| path | test accuracy | max abs diff vs eager | same predictions | latency per batch of {len(y_test)} (ms) |")

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import customops
-from conftest import DTYPES, TOL, assert_close_ref
+from conftest import DTYPES, assert_close_ref
 
 op = torch.ops.customops.fused_linear_sigmoid
 op_bw = torch.ops.customops.fused_linear_sigmoid_backward
