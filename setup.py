@@ -48,7 +48,10 @@ def _cuda_library_includes() -> list:
 
 def _extension():
     with_cuda = _want_cuda()
-    cpu_sources = ["csrc/registration.cpp"] + sorted(glob.glob("csrc/ops/*/*_cpu.cpp"))
+    # Autocast wrappers are device-independent C++ and build with the CPU kernels.
+    cpu_sources = ["csrc/registration.cpp"] + sorted(
+        glob.glob("csrc/ops/*/*_cpu.cpp") + glob.glob("csrc/ops/*/*_autocast.cpp")
+    )
     cuda_sources = sorted(glob.glob("csrc/ops/*/*_cuda.cu"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
     # py_limited_api keeps torch_python (and so libpython) off the link line.

@@ -1,0 +1,147 @@
+"""torch.autocast: fused_linear_sigmoid follows F.linear's policy (cast to the autocast dtype);
+add and sigmoid follow torch.add's and torch.sigmoid's (no cast). Eager, autograd, compile,
+and training with a GradScaler."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import customops
+from customops.nn import FusedLinearSigmoid
+
+from conftest import HAS_CUDA, TOL
+
+# (device, autocast dtype): CUDA autocasts to float16 or bfloat16, CPU to bfloat16.
+CASES = [("cpu", torch.bfloat16)] + ([("cuda", torch.float16), ("cuda", torch.bfloat16)] if HAS_CUDA else [])
+IDS = [f"{d}-{str(t).split('.')[-1]}" for d, t in CASES]
+
+
+def _linear_args(device, dtype=torch.float32, bias=True):
+    x = torch.randn(9, 24, device=device, dtype=dtype)
+    w = torch.randn(10, 24, device=device, dtype=dtype) / 5
+    b = torch.randn(10, device=device, dtype=dtype) if bias else None
+    return x, w, b
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_casts_inputs_like_linear(device, dtype, bias):
+    x, w, b = _linear_args(device, bias=bias)
+    with torch.autocast(device, dtype=dtype):
+        out = customops.fused_linear_sigmoid(x, w, b)
+        ref = torch.sigmoid(F.linear(x, w, b))
+    assert ref.dtype == dtype
+    assert out.dtype == dtype and out.device == x.device
+    torch.testing.assert_close(out.float(), ref.float(), **TOL[dtype])
+    # The computation happened in the 16-bit dtype: it equals the op on pre-cast inputs.
+    cast = [t.to(dtype) if t is not None else None for t in (x, w, b)]
+    torch.testing.assert_close(out, customops.fused_linear_sigmoid(*cast), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_mixed_input_dtypes_work_under_autocast_only(device, dtype):
+    x, w, b = _linear_args(device)
+    x16 = x.to(dtype)
+    with pytest.raises(RuntimeError, match="weight"):
+        customops.fused_linear_sigmoid(x16, w, b)
+    with torch.autocast(device, dtype=dtype):
+        out = customops.fused_linear_sigmoid(x16, w, b)
+        ref = F.linear(x16, w, b)
+    assert out.dtype == ref.dtype == dtype
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_float64_and_disabled_regions_are_not_cast(device, dtype):
+    x, w, b = _linear_args(device, dtype=torch.float64)
+    with torch.autocast(device, dtype=dtype):
+        assert customops.fused_linear_sigmoid(x, w, b).dtype == F.linear(x, w, b).dtype == torch.float64
+        x32, w32, b32 = x.float(), w.float(), b.float()
+        with torch.autocast(device, enabled=False):
+            assert customops.fused_linear_sigmoid(x32, w32, b32).dtype == torch.float32
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_gradients_flow_back_to_float32_leaves(device, dtype):
+    x, w, b = _linear_args(device)
+    ours = [t.clone().requires_grad_() for t in (x, w, b)]
+    theirs = [t.clone().requires_grad_() for t in (x, w, b)]
+    g = torch.rand(9, 10, device=device)
+    with torch.autocast(device, dtype=dtype):
+        out = customops.fused_linear_sigmoid(*ours)
+        ref = torch.sigmoid(F.linear(*theirs))
+    (out.float() * g).sum().backward()
+    (ref.float() * g).sum().backward()
+    for a, r in zip(ours, theirs):
+        assert a.grad.dtype == torch.float32
+        torch.testing.assert_close(a.grad, r.grad, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_elementwise_ops_follow_aten_policy(device, dtype):
+    # torch.add and torch.sigmoid are in no autocast cast list: they run in their inputs' dtype.
+    x32 = torch.randn(4, 5, device=device)
+    x16 = x32.to(dtype)
+    with torch.autocast(device, dtype=dtype):
+        assert customops.sigmoid(x32).dtype == torch.sigmoid(x32).dtype == torch.float32
+        assert customops.sigmoid(x16).dtype == torch.sigmoid(x16).dtype == dtype
+        assert customops.add(x32, x32).dtype == torch.add(x32, x32).dtype == torch.float32
+        assert customops.add(x16, x16).dtype == torch.add(x16, x16).dtype == dtype
+        torch.testing.assert_close(customops.sigmoid(x32), torch.sigmoid(x32))
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_compiled_under_autocast_matches_eager(device, dtype):
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(24, 16), FusedLinearSigmoid(16, 10)).to(device)
+    x = torch.randn(9, 24, device=device)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast(device, dtype=dtype):
+        eager = model(x)
+        out = compiled(x)
+    assert out.dtype == eager.dtype == dtype
+    torch.testing.assert_close(out.float(), eager.float(), **TOL[dtype])
+    torch._dynamo.reset()
+
+
+def _train(model, device, dtype, steps=60):
+    # Mixed precision recipe from the torch.amp docs: autocast forward, scaled backward.
+    torch.manual_seed(1)
+    data = torch.randn(256, 16, device=device)
+    target = (data[:, :4].sum(1, keepdim=True) > 0).float().expand(-1, 4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10)
+    losses = []
+    for step in range(steps):
+        batch = slice((step * 32) % 256, (step * 32) % 256 + 32)
+        opt.zero_grad()
+        with torch.autocast(device, dtype=dtype):
+            out = model(data[batch])
+            loss = F.binary_cross_entropy(out.float(), target[batch])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return torch.tensor(losses)
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_mixed_model_trains_with_grad_scaler_like_linear_sigmoid(device, dtype):
+    torch.manual_seed(0)
+    reference = nn.Sequential(nn.Linear(16, 32), nn.Sigmoid(), nn.Linear(32, 32), nn.Sigmoid(), nn.Linear(32, 4), nn.Sigmoid())
+    # Same weights: the middle pair is an nn.Linear + nn.Sigmoid in the reference and a
+    # FusedLinearSigmoid here; the other layers stay nn.Linear in both.
+    mixed = copy.deepcopy(reference)
+    mixed[2] = FusedLinearSigmoid.from_linear(mixed[2])
+    mixed[3] = nn.Identity()
+    mixed[4] = FusedLinearSigmoid.from_linear(mixed[4])
+    mixed[5] = nn.Identity()
+    ref_losses = _train(reference.to(device), device, dtype)
+    losses = _train(mixed.to(device), device, dtype)
+    assert torch.isfinite(losses).all()
+    assert losses[-5:].mean() < 0.5 * losses[:5].mean(), "the mixed model did not learn"
+    torch.testing.assert_close(losses, ref_losses, atol=2e-2, rtol=2e-2)
+    for p in mixed.parameters():
+        assert p.dtype == torch.float32
