@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 // A failed launch surfaces as a RuntimeError that names the kernel, never an abort.
 #define CUSTOMOPS_CUDA_LAUNCH_CHECK(kernel_name)                                             \
@@ -25,6 +27,15 @@ namespace customops {
 namespace cuda {
 
 constexpr int kThreads = 256;
+
+// Threads per block for a launch of kernel_name: kThreads, except that the test hook
+// CUSTOMOPS_TEST_FAIL_LAUNCH=<kernel name> (read once per process) gives that kernel an
+// invalid block size, so tests can check that a failed launch becomes a RuntimeError
+// naming the kernel (tests/test_cuda_runtime.py).
+inline int block_size(const char* kernel_name) {
+  static const char* const fail = std::getenv("CUSTOMOPS_TEST_FAIL_LAUNCH");
+  return fail != nullptr && std::strcmp(fail, kernel_name) == 0 ? 4 * 1024 : kThreads;
+}
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) AlignedVec {
@@ -108,11 +119,12 @@ void launch_elementwise(
   bool aligned = is_aligned(out, 16);
   for (int k = 0; k < NIn; ++k) aligned = aligned && is_aligned(in[k], 16);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int threads = block_size(kernel_name);
   if (aligned) {
     elementwise_kernel<scalar_t, NIn, kVec, Op>
-        <<<grid_for((n + kVec - 1) / kVec), kThreads, 0, stream>>>(out, in, n, op);
+        <<<grid_for((n + kVec - 1) / kVec), threads, 0, stream>>>(out, in, n, op);
   } else {
-    elementwise_kernel<scalar_t, NIn, 1, Op><<<grid_for(n), kThreads, 0, stream>>>(out, in, n, op);
+    elementwise_kernel<scalar_t, NIn, 1, Op><<<grid_for(n), threads, 0, stream>>>(out, in, n, op);
   }
   CUSTOMOPS_CUDA_LAUNCH_CHECK(kernel_name);
 }

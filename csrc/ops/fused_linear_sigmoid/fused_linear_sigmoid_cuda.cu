@@ -45,11 +45,12 @@ void bias_sigmoid_cuda_(at::Tensor& out, const c10::optional<at::Tensor>& bias) 
         const int64_t cols = out.size(1);
         const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
         constexpr int kVec = cuda::vec_size<scalar_t>();
+        const int threads = cuda::block_size("bias_sigmoid_kernel");
         if (cols % kVec == 0 && cuda::is_aligned(o, 16) && cuda::is_aligned(b, 16)) {
           bias_sigmoid_kernel<scalar_t, kVec>
-              <<<cuda::grid_for(numel / kVec), cuda::kThreads, 0, stream>>>(o, b, numel, cols);
+              <<<cuda::grid_for(numel / kVec), threads, 0, stream>>>(o, b, numel, cols);
         } else {
-          bias_sigmoid_kernel<scalar_t, 1><<<cuda::grid_for(numel), cuda::kThreads, 0, stream>>>(o, b, numel, cols);
+          bias_sigmoid_kernel<scalar_t, 1><<<cuda::grid_for(numel), threads, 0, stream>>>(o, b, numel, cols);
         }
         CUSTOMOPS_CUDA_LAUNCH_CHECK("bias_sigmoid_kernel");
       });
