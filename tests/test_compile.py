@@ -78,3 +78,66 @@ def test_export_keeps_the_custom_op(device):
     assert "customops.fused_linear_sigmoid.default" in targets
     x = torch.randn(37, 12, device=device)
     torch.testing.assert_close(ep.module()(x), model(x))
+
+
+def test_no_schema_has_mutation_or_alias_annotations():
+    names = [n for n in dir(torch.ops.customops) if not n.startswith("_") and n not in ("name", "default")]
+    schemas = [
+        getattr(getattr(torch.ops.customops, n), o)._schema
+        for n in names
+        if isinstance(getattr(torch.ops.customops, n), torch._ops.OpOverloadPacket)
+        for o in getattr(torch.ops.customops, n).overloads()
+    ]
+    assert {s.name for s in schemas} >= {
+        "customops::add",
+        "customops::sigmoid",
+        "customops::sigmoid_backward",
+        "customops::fused_linear_sigmoid",
+        "customops::fused_linear_sigmoid_backward",
+    }
+    for schema in schemas:
+        assert not schema.is_mutable, str(schema)
+        for arg in list(schema.arguments) + list(schema.returns):
+            assert arg.alias_info is None, str(schema)
+
+
+def test_compiled_graphs_have_no_auto_functionalized_node(device):
+    from functorch.compile import aot_function, make_boxed_func
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    x = torch.randn(9, 6, device=device, requires_grad=True)
+    w = torch.randn(5, 6, device=device, requires_grad=True)
+    b = torch.randn(5, device=device, requires_grad=True)
+    aot_function(uses_all_ops, fw_compiler=keep, bw_compiler=keep)(x, w, b).sum().backward()
+    assert len(graphs) == 2
+    targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
+    assert "customops.fused_linear_sigmoid.default" in targets
+    assert "customops.fused_linear_sigmoid_backward.default" in targets
+    assert not [t for t in targets if "auto_functionalized" in t], targets
+
+
+@pytest.mark.parametrize("comprehensive_padding", [False, True])
+def test_input_from_a_matmul_inductor_may_pad(device, comprehensive_padding):
+    # Odd sizes: Inductor may give the matmul's output padded strides; the op must see the
+    # values, whatever layout reaches it.
+    def model(a, c, w, b):
+        return customops.fused_linear_sigmoid((a @ c).contiguous(), w, b)
+
+    a = torch.randn(33, 17, device=device, requires_grad=True)
+    c = torch.randn(17, 31, device=device, requires_grad=True)
+    w = torch.randn(13, 31, device=device, requires_grad=True)
+    b = torch.randn(13, device=device, requires_grad=True)
+    with torch._inductor.config.patch(comprehensive_padding=comprehensive_padding, pad_outputs=comprehensive_padding):
+        compiled = torch.compile(model, fullgraph=True)
+        out = compiled(a, c, w, b)
+        grads = torch.autograd.grad(out.sum(), (a, c, w, b))
+    ref = model(a, c, w, b)
+    ref_grads = torch.autograd.grad(ref.sum(), (a, c, w, b))
+    torch.testing.assert_close(out, ref)
+    for g, rg in zip(grads, ref_grads):
+        torch.testing.assert_close(g, rg)

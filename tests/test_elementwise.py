@@ -30,18 +30,25 @@ def make(layout, device, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_matches_reference(device, dtype, layout):
     a, b = make(layout, device, dtype), make(layout, device, dtype)
+    a_before, b_before = a.clone(), b.clone()
     out = customops.add(a, b)
     assert out.shape == a.shape and out.dtype == dtype and out.is_contiguous()
     assert_close_ref(out, a.double() + b.double(), dtype)
     assert out.data_ptr() not in (a.data_ptr(), b.data_ptr()) or out.numel() == 0
+    assert torch.equal(a, a_before) and torch.equal(b, b_before)
+    # Adding zeros is the identity on values, never on storage.
+    same = customops.add(a, torch.zeros_like(a))
+    assert same.numel() == 0 or same.untyped_storage().data_ptr() != a.untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sigmoid_matches_reference(device, dtype, layout):
     x = make(layout, device, dtype) * 4
+    x_before = x.clone()
     out = customops.sigmoid(x)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
+    assert torch.equal(x, x_before)
     assert_close_ref(out, torch.sigmoid(x.double()), dtype)
 
 

@@ -62,7 +62,14 @@ def test_mixed_devices_name_both(which):
         torch.ops.customops.add(x, x.cpu() if x.is_cuda else x.cuda())
 
 
-def test_error_under_torch_compile():
-    f = torch.compile(lambda x, w: flsig(x, w, None), backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="in_features"):
-        f(torch.randn(4, 5), torch.randn(3, 8))
+@pytest.mark.parametrize("case", range(len(_cases("cpu"))))
+def test_compiled_errors_match_eager(device, case):
+    op, args, _ = _cases(device)[case]
+    with pytest.raises(RuntimeError) as eager:
+        op(*args)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *a: op(*a), backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError) as traced:
+        compiled(*args)
+    assert str(eager.value).splitlines()[0] in str(traced.value)
+    torch._dynamo.reset()

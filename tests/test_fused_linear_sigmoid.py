@@ -193,6 +193,17 @@ def test_output_and_grads_are_fresh_tensors_not_views(device):
     assert not any(t._is_view() for t in (gx, gw, gb))
 
 
+def test_identity_weight_and_zero_bias_still_give_a_new_tensor(device):
+    # sigmoid is not the identity, but x @ I.T + 0 is: no step may hand back x's storage.
+    x = torch.randn(6, 6, device=device)
+    x_before = x.clone()
+    out = op(x, torch.eye(6, device=device), torch.zeros(6, device=device))
+    assert out.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    torch.testing.assert_close(out, torch.sigmoid(x_before))
+    out.zero_()
+    assert torch.equal(x, x_before)
+
+
 @pytest.mark.parametrize("in_features,out_features", [(0, 3), (5, 0), (0, 0)])
 def test_zero_features(device, in_features, out_features):
     x = torch.randn(4, in_features, device=device, dtype=torch.float64, requires_grad=True)
