@@ -3,7 +3,13 @@
 # run the main job on CUDA, the whole test suite, then the benchmark harness. Everything lands
 # in $OUT (at most 8 files come back).
 #
-#   [DIAG=1] bash scripts/device_run.sh [--no-bench] [benchmark args...]
+#   [DIAG=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--sanitize] [benchmark args...]
+#
+# A whole run (main job, every test file, benchmark) takes about 10 minutes on the H200;
+# TESTS and --no-main-job cut it to what a change touched.
+#
+# --sanitize adds compute-sanitizer's memcheck, racecheck and initcheck over the ops' CUDA
+# tests (scripts/sanitize.sh; the log is $OUT/sanitizer.log).
 #
 # Each test file runs in its own pytest process, so that one crash cannot hide the other files'
 # results; the per-file summary lines and their total go to run.log.
@@ -13,7 +19,16 @@ OUT=${OUT:-/tmp/customops-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 run_bench=1
-if [ "${1:-}" = "--no-bench" ]; then run_bench=0; shift; fi
+run_sanitizer=0
+run_main_job=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --no-bench) run_bench=0; shift ;;
+    --sanitize) run_sanitizer=1; shift ;;
+    --no-main-job) run_main_job=0; shift ;;
+    *) break ;;
+  esac
+done
 
 {
   date -u
@@ -28,7 +43,9 @@ if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
 fi
 echo "build: $((SECONDS - t0)) s; kernels: $(python3 -c 'import customops; print(customops.compiled_backends())')" | tee -a "$OUT/run.log"
 
-python3 -m customops.train_digits --device cuda --no-progress 2>&1 | tee -a "$OUT/run.log"
+if [ "$run_main_job" = 1 ]; then
+  python3 -m customops.train_digits --device cuda --no-progress 2>&1 | tee -a "$OUT/run.log"
+fi
 
 if [ "${DIAG:-0}" = 1 ]; then
   for d in scripts/diag/*.py; do echo "== $d"; python3 "$d"; done 2>&1 | tee -a "$OUT/run.log"
@@ -36,7 +53,7 @@ fi
 
 t0=$SECONDS
 : > "$OUT/pytest.log"
-for f in tests/test_*.py; do
+for f in ${TESTS:-tests/test_*.py}; do
   python3 -m pytest -q -p no:cacheprovider -rs "$f" >> "$OUT/pytest.log" 2>&1
   echo "$f: exit $? $(tail -1 "$OUT/pytest.log")" | tee -a "$OUT/run.log"
 done
@@ -51,6 +68,11 @@ print("pytest total:", ", ".join(f"{v} {k}" for k, v in totals.items()))
 PY
 echo "pytest took $((SECONDS - t0)) s" | tee -a "$OUT/run.log"
 grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/pytest.log" | head -30
+
+if [ "$run_sanitizer" = 1 ]; then
+  bash scripts/sanitize.sh "$OUT/sanitizer.log" 2>&1 | tee -a "$OUT/run.log"
+  grep -E "=========.*(Invalid|Uninitialized|race|Race|Error)" "$OUT/sanitizer.log" | sort | uniq -c | head -20
+fi
 
 if [ "$run_bench" = 1 ]; then
   t0=$SECONDS

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# compute-sanitizer memcheck, racecheck and initcheck over the CUDA tests of every op:
+# eager forward and backward, every layout, dtype and empty case, and the error cases. Left
+# out: opcheck and gradcheck (they repeat the same kernels many times over, in float64) and
+# the compile tests (they check Inductor's kernels, not ours, and take long under the tool).
+#
+#   bash scripts/sanitize.sh [LOG]      (on a machine with a GPU, after the build)
+#   SANITIZER_TIMEOUT=seconds per tool (default 150)
+#
+# The caching allocator is off, so an access past a tensor's end is past its allocation.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG=${1:-sanitizer.log}
+: > "$LOG"
+TESTS=(tests/test_fused_linear_sigmoid.py tests/test_elementwise.py tests/test_errors.py)
+status=0
+for tool in memcheck racecheck initcheck; do
+  extra=()
+  [ "$tool" = memcheck ] && extra=(--leak-check no)
+  [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
+  t0=$SECONDS
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+    --print-limit 50 python3 -m pytest -q -p no:cacheprovider -k "cuda and not opcheck and not gradcheck" "${TESTS[@]}" >> "$LOG" 2>&1
+  rc=$?
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | tail -1)
+  echo "compute-sanitizer $tool: exit $rc, $((SECONDS - t0)) s; ${summary:-no summary}; $(grep -E '^[0-9]+ (passed|failed)' "$LOG" | tail -1)"
+  [ "$rc" = 0 ] || status=1
+done
+exit $status
