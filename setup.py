@@ -48,9 +48,9 @@ def _cuda_library_includes() -> list:
 
 def _extension():
     with_cuda = _want_cuda()
-    # Autocast wrappers are device-independent C++ and build with the CPU kernels.
+    # Autograd and autocast kernels are device-independent C++ and build with the CPU kernels.
     cpu_sources = ["csrc/registration.cpp"] + sorted(
-        glob.glob("csrc/ops/*/*_cpu.cpp") + glob.glob("csrc/ops/*/*_autocast.cpp")
+        glob.glob("csrc/ops/*/*_cpu.cpp") + glob.glob("csrc/ops/*/*_autograd.cpp") + glob.glob("csrc/ops/*/*_autocast.cpp")
     )
     cuda_sources = sorted(glob.glob("csrc/ops/*/*_cuda.cu"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]

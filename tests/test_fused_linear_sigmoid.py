@@ -220,18 +220,42 @@ def test_zero_features(device, in_features, out_features):
     torch.library.opcheck(op, (x, w, b))
 
 
-def test_library_alone_runs_with_inputs_that_require_grad():
-    # As a C++ program or a bare torch.ops.load_library uses it: no Python autograd formula.
+def test_library_alone_has_autograd():
+    # As a C++ program or a bare torch.ops.load_library uses it: the autograd kernels are C++,
+    # so gradients (and double backward) need no Python module of ours.
     import subprocess
     import sys
 
     code = (
         "import torch\n"
         f"torch.ops.load_library({customops.library_path()!r})\n"
-        "x, w = torch.randn(3, 5), torch.randn(2, 5, requires_grad=True)\n"
-        "y = torch.ops.customops.fused_linear_sigmoid(x, w, None)\n"
-        "assert torch.allclose(y, torch.sigmoid(x @ w.T).detach())\n"
+        "import sys; assert 'customops' not in sys.modules\n"
+        "x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)\n"
+        "w = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)\n"
+        "b = torch.randn(2, dtype=torch.float64, requires_grad=True)\n"
+        "ops = torch.ops.customops\n"
+        "f = lambda x, w, b: ops.add(ops.sigmoid(ops.fused_linear_sigmoid(x, w, b)), x[:, :2])\n"
+        "ref = lambda x, w, b: torch.sigmoid(torch.sigmoid(x @ w.T + b)) + x[:, :2]\n"
+        "g = torch.autograd.grad(f(x, w, b).sum(), (x, w, b))\n"
+        "rg = torch.autograd.grad(ref(x, w, b).sum(), (x, w, b))\n"
+        "assert all(torch.allclose(a, r) for a, r in zip(g, rg))\n"
+        "assert torch.autograd.gradgradcheck(f, (x, w, b))\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_unsupported_transforms_raise_instead_of_answering_wrong(device):
+    # Forward-mode AD and torch.func's grad transforms are not supported by C++ autograd
+    # kernels: they must raise, never return zero tangents. vmap (no grad) works.
+    import torch.autograd.forward_ad as fwAD
+
+    x = torch.randn(4, 6, device=device, dtype=torch.float64)
+    w = torch.randn(3, 6, device=device, dtype=torch.float64)
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match="jvp is not implemented"):
+        op(fwAD.make_dual(x, torch.ones_like(x)), w, None)
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.grad(lambda w: op(x, w, None).sum())(w)
+    batched = torch.vmap(lambda x: op(x, w, None))(x.reshape(2, 2, 6))
+    torch.testing.assert_close(batched.reshape(4, 3), torch.sigmoid(F.linear(x, w)))

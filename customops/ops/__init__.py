@@ -1,4 +1,5 @@
-"""The ops' Python side: public wrappers, fake kernels and autograd formulas, one module per op.
+"""The ops' Python side: public wrappers and fake kernels, one module per op (the autograd
+formulas are C++ kernels next to the others, csrc/ops/<op>/<op>_autograd.cpp).
 
 Importing this package loads the op library first; csrc/registration.cpp names this module
 (set_python_module) so torch imports it whenever it needs an op's fake kernel.

@@ -1,8 +1,9 @@
 """customops::add: the template for adding an op (docs/adding_an_op.md).
 
 Everything an op needs on the Python side sits in its module: the public wrapper with its
-docstring, the fake kernel (shapes for torch.compile / torch.export) and the autograd formula.
-The schema is in csrc/registration.cpp, the kernels in csrc/ops/add/.
+docstring and the fake kernel (shapes for torch.compile / torch.export). The schema is in
+csrc/registration.cpp; the kernels, including the autograd kernel (add_autograd.cpp), in
+csrc/ops/add/.
 """
 
 import torch
@@ -34,15 +35,3 @@ def add(a: Tensor, b: Tensor) -> Tensor:
 def _add_fake(a, b):
     _checks.check_elementwise_pair(a, "a", b, "b")
     return torch.empty_like(a, memory_format=torch.contiguous_format)
-
-
-def _add_setup_context(ctx, inputs, output):
-    pass
-
-
-def _add_backward(ctx, grad):
-    # d(a + b)/da = d(a + b)/db = identity.
-    return grad, grad
-
-
-torch.library.register_autograd("customops::add", _add_backward, setup_context=_add_setup_context)

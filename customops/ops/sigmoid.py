@@ -1,6 +1,6 @@
 """customops::sigmoid and customops::sigmoid_backward.
 
-Schema: csrc/registration.cpp; kernels: csrc/ops/sigmoid/.
+Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd): csrc/ops/sigmoid/.
 """
 
 import torch
@@ -49,31 +49,3 @@ def _sigmoid_fake(x):
 def _sigmoid_backward_fake(grad_out, y):
     _checks.check_elementwise_pair(grad_out, "grad_out", y, "y")
     return torch.empty_like(y, memory_format=torch.contiguous_format)
-
-
-def _sigmoid_setup_context(ctx, inputs, output):
-    ctx.save_for_backward(output)
-
-
-def _sigmoid_backward_formula(ctx, grad):
-    (y,) = ctx.saved_tensors
-    return torch.ops.customops.sigmoid_backward(grad, y)
-
-
-def _sigmoid_backward_setup_context(ctx, inputs, output):
-    grad_out, y = inputs
-    ctx.save_for_backward(grad_out, y)
-
-
-def _sigmoid_backward_backward(ctx, gg):
-    # out = g * y * (1 - y): d/dg = y (1 - y), d/dy = g (1 - 2y).
-    grad_out, y = ctx.saved_tensors
-    d_grad_out = torch.ops.customops.sigmoid_backward(gg, y) if ctx.needs_input_grad[0] else None
-    d_y = gg * grad_out * (1 - 2 * y) if ctx.needs_input_grad[1] else None
-    return d_grad_out, d_y
-
-
-torch.library.register_autograd("customops::sigmoid", _sigmoid_backward_formula, setup_context=_sigmoid_setup_context)
-torch.library.register_autograd(
-    "customops::sigmoid_backward", _sigmoid_backward_backward, setup_context=_sigmoid_backward_setup_context
-)
