@@ -44,3 +44,20 @@ def test_script_save_load_in_fresh_process(tmp_path, device):
     assert "customops::fused_linear_sigmoid" in scripted.graph.str() or "customops::fused_linear_sigmoid" in str(
         scripted.inlined_graph
     )
+
+
+def test_loading_without_the_library_names_the_op(tmp_path):
+    # Python cannot run our code inside a bare torch.jit.load, so torch's own message is what
+    # the user sees: it names the op. customops.export.load_torchscript loads the library first.
+    path = tmp_path / "model.pt"
+    torch.jit.script(UsesAllOps().eval()).save(str(path))
+    bare = subprocess.run(
+        [sys.executable, "-c", f"import torch; torch.jit.load({str(path)!r})"], capture_output=True, text=True
+    )
+    assert bare.returncode != 0
+    assert "customops::" in bare.stderr, bare.stderr[-2000:]
+    ours = subprocess.run(
+        [sys.executable, "-c", f"import customops.export as e; print(e.load_torchscript({str(path)!r})(__import__('torch').randn(2, 12)).shape)"],
+        capture_output=True, text=True,
+    )
+    assert ours.returncode == 0 and "torch.Size([2, 4])" in ours.stdout, ours.stderr[-2000:]
