@@ -46,6 +46,21 @@ def _cuda_library_includes() -> list:
     return sorted(set(dirs))
 
 
+def _write_build_info(with_cuda: bool) -> None:
+    # What went into the library, for `python -m customops.doctor` (not tracked by git).
+    import json
+
+    import torch
+
+    info = {
+        "built_against_torch": torch.__version__,
+        "cuda_kernels": with_cuda,
+        "cuda_arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST", "(the visible GPUs')") if with_cuda else None,
+    }
+    with open(os.path.join(ROOT, "customops", "_build_info.json"), "w") as f:
+        json.dump(info, f, indent=1)
+
+
 def _extension():
     with_cuda = _want_cuda()
     # Autograd and autocast kernels are device-independent C++ and build with the CPU kernels.
@@ -61,6 +76,7 @@ def _extension():
         py_limited_api=True,
     )
     if not with_cuda:
+        _write_build_info(False)
         print("customops: building the CPU kernels only", file=sys.stderr)
         return cpp_extension.CppExtension(sources=cpu_sources, **kwargs)
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
@@ -73,6 +89,7 @@ def _extension():
         f"{os.environ.get('TORCH_CUDA_ARCH_LIST', '(visible GPUs)')}",
         file=sys.stderr,
     )
+    _write_build_info(True)
     kwargs["extra_compile_args"]["nvcc"] = ["-O3", "-DCUSTOMOPS_WITH_CUDA", "--expt-relaxed-constexpr"]
     kwargs["extra_compile_args"]["cxx"] = cxx_flags + ["-DCUSTOMOPS_WITH_CUDA"]
     return cpp_extension.CUDAExtension(
@@ -82,6 +99,7 @@ def _extension():
 
 setup(
     packages=find_packages(include=["customops", "customops.*"]),
+    package_data={"customops": ["_build_info.json"]},
     ext_modules=[_extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},

@@ -1,0 +1,36 @@
+"""python -m customops.doctor: the health report runs every path and reports failures."""
+
+import json
+import subprocess
+import sys
+
+import customops.doctor as doctor
+
+from conftest import HAS_CUDA
+
+
+def test_every_path_passes_on_this_machine(tmp_path):
+    report = tmp_path / "doctor.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "customops.doctor", "--json", str(report)], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    devices = ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
+    assert set(data["matrix"]) == {f"{c.name} ({d})" for c in doctor.CASES for d in devices}
+    for row in data["matrix"].values():
+        assert set(row) == set(doctor.PATHS)
+        for path in ("eager", "autograd", "compile", "export", "torchscript"):
+            assert row[path] == "pass", row
+    assert "kernels compiled: CPU" in proc.stdout
+    assert "every applicable path passes" in proc.stdout
+
+
+def test_a_wrong_result_is_reported_as_a_failure(monkeypatch):
+    broken = doctor.OpCase("sigmoid", doctor.CASES[2].make_inputs, lambda x: x)  # wrong reference
+    monkeypatch.setattr(doctor, "CASES", [broken])
+    matrix = doctor.run_matrix(["cpu"])
+    row = matrix["sigmoid (cpu)"]
+    assert row["eager"].startswith("FAIL: AssertionError")
+    assert row["autograd"] == "pass"  # gradcheck does not use the reference
+    assert doctor.format_report({}, matrix).count("FAIL") == sum(v.startswith("FAIL") for v in row.values())
