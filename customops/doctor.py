@@ -61,16 +61,11 @@ class _Call(torch.nn.Module):
         return self.op(*args)
 
 
-def _script_module(op_name: str, n_args: int) -> torch.nn.Module:
-    # TorchScript needs a fixed signature: one module per arity.
-    if n_args == 1:
-        src = "def forward(x):\n    return torch.ops.customops.{0}(x)\n"
-        return torch.jit.CompilationUnit(src.format(op_name)).forward
-    if n_args == 2:
-        src = "def forward(a, b):\n    return torch.ops.customops.{0}(a, b)\n"
-        return torch.jit.CompilationUnit(src.format(op_name)).forward
-    src = "def forward(x, w, b):\n    return torch.ops.customops.{0}(x, w, b)\n"
-    return torch.jit.CompilationUnit(src.format(op_name)).forward
+def _script_function(op_name: str, n_args: int):
+    # TorchScript needs a fixed signature: one scripted function per op and arity.
+    params = ", ".join(f"a{i}" for i in range(n_args))
+    src = f"def forward({params}):\n    return torch.ops.customops.{op_name}({params})\n"
+    return torch.jit.CompilationUnit(src).forward
 
 
 def _close(out, ref):
@@ -104,7 +99,7 @@ def _export(case, device):
 
 def _torchscript(case, device):
     args = case.make_inputs(device, torch.float32)
-    _close(_script_module(case.name, len(args))(*args), case.reference(*args))
+    _close(_script_function(case.name, len(args))(*args), case.reference(*args))
 
 
 def _onnx(case, device):
