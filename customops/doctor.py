@@ -68,6 +68,10 @@ def _script_function(op_name: str, n_args: int):
     return torch.jit.CompilationUnit(src).forward
 
 
+class _NotApplicable(Exception):
+    """A path that does not apply here; the report shows why."""
+
+
 def _close(out, ref):
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
@@ -137,10 +141,6 @@ def _aoti(case, device, enabled):
         path = torch._inductor.aoti_compile_and_package(ep, package_path=os.path.join(tmp, "op.pt2"))
         out = torch._inductor.aoti_load_package(path)(*args)
     _close(out, case.reference(*args))
-
-
-class _NotApplicable(Exception):
-    pass
 
 
 def run_matrix(devices: List[str], aoti: bool = False) -> Dict[str, Dict[str, str]]:
