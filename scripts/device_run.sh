@@ -37,6 +37,13 @@ done
   nvcc --version | tail -1
 } 2>&1 | tee "$OUT/run.log"
 
+# Python packages the GPU machine lacks travel as wheels in .whl/ (the device tool's `carry`),
+# e.g. nvidia-cutlass, whose headers the CUTLASS sm90a kernels build against.
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
 t0=$SECONDS
 if ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "BUILD FAILED" | tee -a "$OUT/run.log"; exit 1

@@ -99,6 +99,10 @@ at::Tensor fused_linear_sigmoid_forward_impl(
 
 // grad_z = grad_out * y * (1 - y); grad_x = grad_z @ W; grad_W = grad_z^T @ x;
 // grad_b = sum over rows of grad_z. Masked-off outputs are empty tensors.
+//
+// sigmoid_backward_fn(grad_out2d, y2d, want_bias_grad) -> (grad_z, grad_b): a
+// backend may compute grad_b in the same pass; an undefined grad_b means "sum
+// grad_z here".
 template <typename SigmoidBackwardFn>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_impl(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& y,
@@ -107,8 +111,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_imp
   const int64_t rows = leading_rows(x);
   const int64_t in_features = weight.size(1);
   const int64_t out_features = weight.size(0);
-  const at::Tensor grad_z =
-      sigmoid_backward_fn(grad_out.reshape({rows, out_features}), y.reshape({rows, out_features}));
+  const auto [grad_z, fused_grad_bias] =
+      sigmoid_backward_fn(grad_out.reshape({rows, out_features}), y.reshape({rows, out_features}), output_mask[2]);
   at::Tensor grad_x = x.new_empty({0});
   at::Tensor grad_weight = x.new_empty({0});
   at::Tensor grad_bias = x.new_empty({0});
@@ -120,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_imp
     }
   }
   if (output_mask[1]) grad_weight = at::mm(grad_z.t(), x.reshape({rows, in_features}));
-  if (output_mask[2]) grad_bias = grad_z.sum(0);
+  if (output_mask[2]) grad_bias = fused_grad_bias.defined() ? fused_grad_bias : grad_z.sum(0);
   return {grad_x, grad_weight, grad_bias};
 }
 

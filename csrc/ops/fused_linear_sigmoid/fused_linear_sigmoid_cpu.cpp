@@ -46,7 +46,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cpu
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& y,
     std::array<bool, 3> output_mask) {
   check_fused_linear_sigmoid_backward_args(grad_out, x, weight, y);
-  return fused_linear_sigmoid_backward_impl(grad_out, x, weight, y, output_mask, sigmoid_backward_cpu);
+  return fused_linear_sigmoid_backward_impl(
+      grad_out, x, weight, y, output_mask, [](const at::Tensor& g, const at::Tensor& y2d, bool) {
+        return std::make_pair(sigmoid_backward_cpu(g, y2d), at::Tensor());
+      });
 }
 
 }  // namespace

@@ -1,16 +1,117 @@
-// fused_linear_sigmoid and its backward, CUDA kernels: the GEMM through cuBLAS
-// (at::mm on the current stream), then bias + sigmoid fused in one pass over
-// the output. The roofline kernels come with the CUDA-performance work.
+// fused_linear_sigmoid and its backward, CUDA: the forward's dispatcher and the
+// generic kernels.
+//
+// Forward, by shape (fused_linear_sigmoid_cuda.h lists the kernels):
+// - M <= 64 rows, bf16/fp16, Hopper: the small-M split-K kernel, which streams
+//   the weight once at memory bandwidth (fused_linear_sigmoid_small_m_cuda.cu);
+// - larger M, bf16/fp16, 16-byte-aligned rows, Hopper, library built with
+//   CUTLASS: a CUTLASS sm90a GEMM with bias + sigmoid in its epilogue (sm90/);
+// - otherwise (float32/float64, other GPUs, unaligned rows): cuBLAS through
+//   at::mm on the current stream, then one bias + sigmoid pass over the output.
+// CUSTOMOPS_FLS_CUDA_KERNEL=<name> forces one kernel (benchmarks and tests; an
+// error if it cannot run the arguments).
+//
+// Backward: the two GEMMs go through cuBLAS; sigmoid'(z) and the bias gradient
+// (a column sum) come from one pass over grad_out and y.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
+
+#include <cstdlib>
 
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
 #include "../sigmoid/sigmoid.h"
 #include "fused_linear_sigmoid.h"
+#include "fused_linear_sigmoid_cuda.h"
 
 namespace customops {
+namespace fls_cuda {
+
+#ifdef CUSTOMOPS_WITH_CUTLASS
+namespace sm90 {
+#define CUSTOMOPS_DECLARE_SM90(NAME)                                                                        \
+  void run_##NAME(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, \
+                  at::Tensor& out2d);
+CUSTOMOPS_DECLARE_SM90(pingpong_128x128_bf16)
+CUSTOMOPS_DECLARE_SM90(pingpong_128x128_fp16)
+CUSTOMOPS_DECLARE_SM90(coop_256x128_bf16)
+CUSTOMOPS_DECLARE_SM90(coop_256x128_fp16)
+CUSTOMOPS_DECLARE_SM90(coop_128x256_bf16)
+CUSTOMOPS_DECLARE_SM90(coop_128x256_fp16)
+#undef CUSTOMOPS_DECLARE_SM90
+}  // namespace sm90
+#endif
+
+const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::kGeneric: return "generic";
+    case Kernel::kSmallM: return "small_m";
+    case Kernel::kSm90Pingpong128: return "sm90_pingpong_128x128";
+    case Kernel::kSm90Coop256: return "sm90_coop_256x128";
+    case Kernel::kSm90Coop128x256: return "sm90_coop_128x256";
+  }
+  return "unknown";
+}
+
+std::optional<Kernel> kernel_from_name(const std::string& name) {
+  for (Kernel k : {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128, Kernel::kSm90Coop256,
+                   Kernel::kSm90Coop128x256}) {
+    if (name == kernel_name(k)) return k;
+  }
+  return std::nullopt;
+}
+
+bool sm90_compiled() {
+#ifdef CUSTOMOPS_WITH_CUTLASS
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool sm90_supported(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (!sm90_compiled()) return false;
+  const auto dtype = x2d.scalar_type();
+  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  const auto* props = at::cuda::getDeviceProperties(x2d.get_device());
+  if (props->major != 9 || props->minor != 0) return false;
+  const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
+  // TMA: 16-byte-aligned base addresses and row strides; int32 problem sizes.
+  const auto rows_ok = [](const at::Tensor& t) {
+    return t.stride(1) == 1 && t.stride(0) % 8 == 0 && cuda::is_aligned(t.const_data_ptr(), 16);
+  };
+  if (K % 8 != 0 || N % 8 != 0 || K == 0) return false;
+  if (M >= (int64_t{1} << 31) || N >= (int64_t{1} << 31) || K >= (int64_t{1} << 31)) return false;
+  if (bias.has_value() && !cuda::is_aligned(bias->const_data_ptr(), 16)) return false;
+  return rows_ok(x2d) && rows_ok(weight);
+}
+
+void sm90_forward(
+    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& out2d) {
+#ifdef CUSTOMOPS_WITH_CUTLASS
+  const bool bf16 = x2d.scalar_type() == at::kBFloat16;
+  switch (k) {
+    case Kernel::kSm90Pingpong128:
+      return bf16 ? sm90::run_pingpong_128x128_bf16(x2d, weight, bias, out2d)
+                  : sm90::run_pingpong_128x128_fp16(x2d, weight, bias, out2d);
+    case Kernel::kSm90Coop256:
+      return bf16 ? sm90::run_coop_256x128_bf16(x2d, weight, bias, out2d)
+                  : sm90::run_coop_256x128_fp16(x2d, weight, bias, out2d);
+    case Kernel::kSm90Coop128x256:
+      return bf16 ? sm90::run_coop_128x256_bf16(x2d, weight, bias, out2d)
+                  : sm90::run_coop_128x256_fp16(x2d, weight, bias, out2d);
+    default: break;
+  }
+#endif
+  TORCH_CHECK(false, "customops: internal error: ", kernel_name(k), " is not a CUTLASS kernel of this build");
+}
+
+}  // namespace fls_cuda
+
 namespace {
+
+using fls_cuda::Kernel;
 
 // out[r, c] = sigmoid(out[r, c] + bias[c]) over a contiguous (rows, cols)
 // matrix, VEC consecutive elements per access. cols % VEC == 0, so a vector
@@ -56,11 +157,132 @@ void bias_sigmoid_cuda_(at::Tensor& out, const c10::optional<at::Tensor>& bias) 
       });
 }
 
+// The kernel that runs these arguments: the forced one, else by shape and dtype.
+Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (const char* forced = std::getenv("CUSTOMOPS_FLS_CUDA_KERNEL"); forced != nullptr && *forced != '\0') {
+    const auto k = fls_cuda::kernel_from_name(forced);
+    TORCH_CHECK(
+        k.has_value(), "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced,
+        " names no kernel; expected generic, small_m, sm90_pingpong_128x128, sm90_coop_256x128 or sm90_coop_128x256");
+    const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
+                    (*k != Kernel::kSmallM && fls_cuda::sm90_supported(x2d, weight, bias));
+    TORCH_CHECK(
+        ok, "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced, " cannot run x of shape ", shape_str(x2d.sizes()),
+        " and dtype ", dtype_name(x2d.scalar_type()), " on this GPU and build");
+    return *k;
+  }
+  if (fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
+  if (fls_cuda::sm90_supported(x2d, weight, bias)) return Kernel::kSm90Pingpong128;
+  return Kernel::kGeneric;
+}
+
 at::Tensor fused_linear_sigmoid_cuda(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_fused_linear_sigmoid_args(x, weight, bias);
   const c10::cuda::CUDAGuard device_guard(x.device());
-  return fused_linear_sigmoid_forward_impl(x, weight, bias, bias_sigmoid_cuda_);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  const int64_t rows = leading_rows(x);
+  const int64_t in_features = weight.size(1);
+  const int64_t out_features = weight.size(0);
+  at::Tensor out = at::empty(
+      fused_linear_sigmoid_output_shape(x, weight), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  at::Tensor out2d = out.view({rows, out_features});
+  const at::Tensor x2d = x.reshape({rows, in_features});
+  const std::optional<at::Tensor> bias_c =
+      bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
+  const Kernel k = choose_kernel(x2d, weight, bias_c);
+  switch (k) {
+    case Kernel::kSmallM:
+      fls_cuda::small_m_forward(x2d, weight, bias_c, out2d);
+      break;
+    case Kernel::kGeneric:
+      at::mm_out(out2d, x2d, weight.t());
+      bias_sigmoid_cuda_(out2d, bias_c);
+      break;
+    default:
+      fls_cuda::sm90_forward(k, x2d, weight, bias_c, out2d);
+  }
+  return out;
+}
+
+// grad_z = grad_out * y * (1 - y) over a contiguous (rows, cols) matrix, and the
+// column sums of grad_z in float32: block (bx, by) covers columns
+// [kColsPerBlock * bx, +kColsPerBlock) and rows by, by + gridDim.y, ... in
+// steps of kRowLanes; partial[by, col] gets its sum (summed over by afterwards,
+// so the result does not depend on timing).
+constexpr int kRowLanes = 8;
+
+template <typename scalar_t, int VEC>
+__global__ void sigmoid_backward_colsum_kernel(
+    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ y, scalar_t* __restrict__ grad_z,
+    float* __restrict__ partial, int64_t rows, int64_t cols) {
+  using vec_t = cuda::AlignedVec<scalar_t, VEC>;
+  constexpr int kColThreads = cuda::kThreads / kRowLanes;
+  __shared__ float sums[kRowLanes][kColThreads * VEC];
+  const int tx = threadIdx.x % kColThreads, ty = threadIdx.x / kColThreads;
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColThreads + tx) * VEC;
+  float acc[VEC] = {};
+  if (col < cols) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowLanes + ty; r < rows;
+         r += static_cast<int64_t>(gridDim.y) * kRowLanes) {
+      const int64_t i = r * cols + col;
+      const vec_t g = *reinterpret_cast<const vec_t*>(grad_out + i);
+      const vec_t yv = *reinterpret_cast<const vec_t*>(y + i);
+      vec_t gz;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        gz.v[j] = static_cast<scalar_t>(sigmoid_backward(static_cast<float>(g.v[j]), static_cast<float>(yv.v[j])));
+        acc[j] += static_cast<float>(gz.v[j]);  // the bias gradient sums the stored (rounded) grad_z, as eager does
+      }
+      *reinterpret_cast<vec_t*>(grad_z + i) = gz;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) sums[ty][tx * VEC + j] = acc[j];
+  __syncthreads();
+  for (int c = threadIdx.x; c < kColThreads * VEC; c += blockDim.x) {
+    const int64_t out_col = static_cast<int64_t>(blockIdx.x) * kColThreads * VEC + c;
+    if (out_col >= cols) continue;
+    float s = 0.f;
+#pragma unroll
+    for (int l = 0; l < kRowLanes; ++l) s += sums[l][c];
+    partial[static_cast<int64_t>(blockIdx.y) * cols + out_col] = s;
+  }
+}
+
+// Returns (grad_z, grad_bias); grad_bias is undefined where this pass cannot
+// produce it (the caller then sums grad_z).
+std::pair<at::Tensor, at::Tensor> sigmoid_backward_and_bias_grad_cuda(
+    const at::Tensor& grad_out2d, const at::Tensor& y2d, bool want_bias_grad) {
+  const int64_t rows = y2d.size(0), cols = y2d.size(1);
+  const at::Tensor g = grad_out2d.contiguous();
+  const at::Tensor yc = y2d.contiguous();
+  const int vec = 16 / static_cast<int>(yc.element_size());
+  if (!want_bias_grad || yc.scalar_type() == at::kDouble || rows == 0 || cols % vec != 0 ||
+      !cuda::is_aligned(g.const_data_ptr(), 16) || !cuda::is_aligned(yc.const_data_ptr(), 16)) {
+    return {sigmoid_backward_cuda(g, yc), at::Tensor()};
+  }
+  at::Tensor grad_z = at::empty_like(yc, yc.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor grad_bias;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, yc.scalar_type(), "customops::fused_linear_sigmoid_backward", [&] {
+    constexpr int kVec = cuda::vec_size<scalar_t>();
+    constexpr int kColsPerBlock = cuda::kThreads / kRowLanes * kVec;
+    const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
+    const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    // About four blocks per SM, and no more row groups than rows.
+    const int64_t row_groups = std::max<int64_t>(
+        1, std::min<int64_t>({(4 * sms + col_blocks - 1) / col_blocks, (rows + kRowLanes - 1) / kRowLanes, 65535}));
+    at::Tensor partial = at::empty({row_groups, cols}, yc.options().dtype(at::kFloat));
+    sigmoid_backward_colsum_kernel<scalar_t, kVec>
+        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)),
+           cuda::block_size("sigmoid_backward_colsum_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
+            g.const_data_ptr<scalar_t>(), yc.const_data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
+            partial.data_ptr<float>(), rows, cols);
+    CUSTOMOPS_CUDA_LAUNCH_CHECK("sigmoid_backward_colsum_kernel");
+    grad_bias = partial.sum(0).to(yc.scalar_type());
+  });
+  return {grad_z, grad_bias};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cuda(
@@ -68,7 +290,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cud
     std::array<bool, 3> output_mask) {
   check_fused_linear_sigmoid_backward_args(grad_out, x, weight, y);
   const c10::cuda::CUDAGuard device_guard(x.device());
-  return fused_linear_sigmoid_backward_impl(grad_out, x, weight, y, output_mask, sigmoid_backward_cuda);
+  return fused_linear_sigmoid_backward_impl(
+      grad_out, x, weight, y, output_mask, sigmoid_backward_and_bias_grad_cuda);
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+// The CUDA forward kernels of fused_linear_sigmoid and how the dispatcher
+// (fused_linear_sigmoid_cuda.cu) picks one. Each kernel file states what it
+// supports; `*_supported` never throws, `*_forward` assumes it returned true.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <string>
+
+namespace customops {
+namespace fls_cuda {
+
+// The forward kernels. kGeneric (cuBLAS GEMM, then one bias + sigmoid pass) runs
+// everywhere; the others are faster where they apply.
+enum class Kernel {
+  kGeneric,
+  kSmallM,             // M <= 64: split-K tensor-core kernel, bias + sigmoid fused
+  kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64, bias + sigmoid in the epilogue
+  kSm90Coop256,        // CUTLASS sm90a, Cooperative 256x128x64
+  kSm90Coop128x256,    // CUTLASS sm90a, Cooperative 128x256x64
+};
+
+const char* kernel_name(Kernel k);
+std::optional<Kernel> kernel_from_name(const std::string& name);
+
+// x2d: (M, K); weight: (N, K); bias: (N,) contiguous or absent; out2d: (M, N) contiguous.
+bool small_m_supported(const at::Tensor& x2d, const at::Tensor& weight);
+void small_m_forward(
+    const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d);
+
+// True when the CUTLASS sm90a kernels were compiled into this library.
+bool sm90_compiled();
+bool sm90_supported(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+void sm90_forward(
+    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& out2d);
+
+}  // namespace fls_cuda
+}  // namespace customops

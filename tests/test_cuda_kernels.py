@@ -1,0 +1,145 @@
+"""Every CUDA kernel of fused_linear_sigmoid against a float64 reference.
+
+Each kernel is forced through CUSTOMOPS_FLS_CUDA_KERNEL (csrc/ops/fused_linear_sigmoid/
+fused_linear_sigmoid_cuda.cu) on shapes at and off its tile edges, with fresh random inputs and
+the output's memory poisoned with NaN beforehand, so an element a kernel fails to write shows.
+Criterion (issue 4): ‖out − ref‖ / ‖ref‖ ≤ 1e-2 for bf16/fp16, 1e-5 for IEEE float32, 5e-4 with
+TF32, and every element finite.
+"""
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import customops
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ENV = "CUSTOMOPS_FLS_CUDA_KERNEL"
+SM90_KERNELS = ["sm90_pingpong_128x128", "sm90_coop_256x128", "sm90_coop_128x256"]
+
+
+def _build_info():
+    with open(os.path.join(os.path.dirname(customops.__file__), "_build_info.json")) as f:
+        return json.load(f)
+
+
+def _is_hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def _run(kernel, monkeypatch, m, k, n, dtype, bias=True, x_layout="contiguous", w_layout="contiguous"):
+    gen = torch.Generator(device="cuda").manual_seed(m * 7919 + k * 31 + n)
+    x = torch.randn(m, k + (8 if x_layout == "row_stride" else 0), device="cuda", dtype=dtype, generator=gen)
+    if x_layout == "row_stride":
+        x = x[:, :k]
+    w = torch.randn(n, k + (8 if w_layout == "row_stride" else 0), device="cuda", dtype=dtype, generator=gen)
+    w = (w[:, :k] if w_layout == "row_stride" else w) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=dtype, generator=gen) if bias else None
+    ref = torch.sigmoid(F.linear(x.double(), w.double(), None if b is None else b.double()))
+    torch.full((m, n), float("nan"), device="cuda", dtype=dtype)  # freed at once: the output reuses it
+    monkeypatch.setenv(ENV, kernel)
+    out = customops.fused_linear_sigmoid(x, w, b)
+    torch.cuda.synchronize()
+    assert out.shape == (m, n) and out.dtype == dtype
+    assert torch.isfinite(out).all(), f"{kernel} left elements unwritten (NaN) at {m}x{k}x{n}"
+    return _rel_err(out, ref)
+
+
+SMALL_M_SHAPES = [  # (M, K, N): n-tile edges (8, 16, 32, 64 rows), 128-row blocks, k steps and chunks
+    (1, 4096, 4096), (3, 72, 129), (8, 8, 1), (9, 4104, 127), (16, 1024, 256), (17, 520, 300),
+    (32, 4096, 1000), (33, 8, 1), (64, 1000, 256), (64, 8192, 520), (1, 16384, 136),
+]
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the small-M kernel needs compute capability 9.0")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,k,n", SMALL_M_SHAPES)
+def test_small_m_kernel(monkeypatch, m, k, n, dtype):
+    assert _run("small_m", monkeypatch, m, k, n, dtype) <= 1e-2
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the small-M kernel needs compute capability 9.0")
+@pytest.mark.parametrize("x_layout,w_layout", [("row_stride", "contiguous"), ("contiguous", "row_stride")])
+def test_small_m_kernel_strided_rows_and_no_bias(monkeypatch, x_layout, w_layout):
+    err = _run("small_m", monkeypatch, 5, 264, 200, torch.bfloat16, bias=False, x_layout=x_layout, w_layout=w_layout)
+    assert err <= 1e-2
+
+
+SM90_SHAPES = [  # tile edges of 128x128, 256x128 and 128x256 tiles, K below and off the 64-wide k tile
+    (65, 8, 8), (128, 64, 128), (129, 72, 136), (300, 200, 264), (1000, 1024, 1000), (257, 4096, 512),
+    (4096, 256, 2048),
+]
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
+@pytest.mark.parametrize("kernel", SM90_KERNELS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,k,n", SM90_SHAPES)
+def test_sm90_kernels(monkeypatch, kernel, m, k, n, dtype):
+    if not _build_info().get("cutlass_sm90_kernels"):
+        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+    assert _run(kernel, monkeypatch, m, k, n, dtype, bias=(m % 2 == 1)) <= 1e-2
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
+def test_sm90_kernel_strided_rows(monkeypatch):
+    assert _run("sm90_pingpong_128x128", monkeypatch, 200, 256, 136, torch.bfloat16, x_layout="row_stride",
+                w_layout="row_stride") <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (77, 129, 7), (300, 200, 264)])
+def test_generic_kernel(monkeypatch, m, k, n, dtype):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    limit = 1e-5 if dtype == torch.float32 else 1e-2
+    assert _run("generic", monkeypatch, m, k, n, dtype) <= limit
+
+
+def test_float32_follows_the_tf32_setting(monkeypatch):
+    # IEEE float32 unless the user allows TF32, like torch.mm.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert _run("", monkeypatch, 512, 1024, 512, torch.float32) <= 1e-5
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert _run("", monkeypatch, 512, 1024, 512, torch.float32) <= 5e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (40, 96, 72), (100, 64, 64), (512, 512, 512), (33, 30, 7)])
+def test_default_dispatch(monkeypatch, m, k, n, dtype):
+    assert _run("", monkeypatch, m, k, n, dtype) <= 1e-2
+
+
+def test_forcing_a_kernel_that_cannot_run_names_it(monkeypatch):
+    x = torch.randn(4, 12, device="cuda")  # float32: no small-M or CUTLASS kernel
+    w = torch.randn(8, 12, device="cuda")
+    monkeypatch.setenv(ENV, "small_m")
+    with pytest.raises(RuntimeError, match="CUSTOMOPS_FLS_CUDA_KERNEL=small_m cannot run"):
+        customops.fused_linear_sigmoid(x, w)
+    monkeypatch.setenv(ENV, "fastest")
+    with pytest.raises(RuntimeError, match="names no kernel"):
+        customops.fused_linear_sigmoid(x, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,n", [(1, 8), (5000, 64), (37, 1000), (300, 12)])
+def test_backward_bias_gradient_pass(rows, n, dtype):
+    # The fused sigmoid' + column-sum pass (N a multiple of the vector width) and its fallback.
+    k = 24
+    x = torch.randn(rows, k, device="cuda", dtype=dtype, requires_grad=True)
+    w = torch.randn(n, k, device="cuda", dtype=dtype, requires_grad=True)
+    b = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+    g = torch.randn(rows, n, device="cuda", dtype=dtype)
+    grads = torch.autograd.grad(customops.fused_linear_sigmoid(x, w, b), (x, w, b), g)
+    xd, wd, bd = (t.detach().double().requires_grad_() for t in (x, w, b))
+    refs = torch.autograd.grad(torch.sigmoid(F.linear(xd, wd, bd)), (xd, wd, bd), g.double())
+    for name, got, ref in zip("xWb", grads, refs):
+        err = _rel_err(got, ref)
+        assert err <= (1e-5 if dtype == torch.float32 else 1e-2), f"grad {name}: relative error {err:.3g}"
