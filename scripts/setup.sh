@@ -19,6 +19,9 @@ fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=64" wheel
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" ninja numpy
+# CUTLASS headers for the Hopper GEMM kernels: a build dependency only. --no-deps: the package's
+# Python code generator (and its dependencies) is not used, only the C++ headers it carries.
+"$VENV/bin/python" -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
 # The op library must be compiled against the torch it runs with: no build isolation.
 "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[test,examples,export,bench]"
 "$VENV/bin/python" -c "import customops, torch; print('customops', customops.__version__, 'on torch', torch.__version__, 'kernels:', customops.compiled_backends())"

@@ -1,13 +1,14 @@
 // fused_linear_sigmoid and its backward, CUDA: the forward's dispatcher and the
 // generic kernels.
 //
-// Forward, by shape (fused_linear_sigmoid_cuda.h lists the kernels):
-// - M <= 64 rows, bf16/fp16, Hopper: the small-M split-K kernel, which streams
-//   the weight once at memory bandwidth (fused_linear_sigmoid_small_m_cuda.cu);
-// - larger M, bf16/fp16, 16-byte-aligned rows, Hopper, library built with
+// Forward, by shape (fused_linear_sigmoid_cuda.h lists the kernels; choose_kernel
+// has the measured thresholds):
+// - M <= 8 rows, bf16/fp16, Hopper: the small-M kernel, which streams the weight
+//   once with bias + sigmoid fused (fused_linear_sigmoid_small_m_cuda.cu);
+// - M >= 512, bf16/fp16, 16-byte-aligned rows, Hopper, library built with
 //   CUTLASS: a CUTLASS sm90a GEMM with bias + sigmoid in its epilogue (sm90/);
-// - otherwise (float32/float64, other GPUs, unaligned rows): cuBLAS through
-//   at::mm on the current stream, then one bias + sigmoid pass over the output.
+// - otherwise (float32/float64, other GPUs, unaligned rows, mid-size M): cuBLAS
+//   through at::mm on the current stream, then one bias + sigmoid pass.
 // CUSTOMOPS_FLS_CUDA_KERNEL=<name> forces one kernel (benchmarks and tests; an
 // error if it cannot run the arguments).
 //
@@ -171,8 +172,15 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
         " and dtype ", dtype_name(x2d.scalar_type()), " on this GPU and build");
     return *k;
   }
-  if (fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
-  if (fls_cuda::sm90_supported(x2d, weight, bias)) return Kernel::kSm90Pingpong128;
+  // Thresholds measured on an H200 (benchmarks/NOTES.md, scripts/diag/small_m_tuning.py): the
+  // small-M kernel beats cuBLAS + a bias/sigmoid pass at M <= 8 rows up to N = 8192; from about
+  // 512 rows the CUTLASS epilogue fusion wins, Cooperative 128x256 at large M and K, Pingpong
+  // (whose epilogue overlaps the other warpgroup's MMAs) elsewhere. In between, the generic path.
+  const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
+  if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
+  if (M >= 512 && fls_cuda::sm90_supported(x2d, weight, bias)) {
+    return M >= 2048 && K >= 2048 ? Kernel::kSm90Coop128x256 : Kernel::kSm90Pingpong128;
+  }
   return Kernel::kGeneric;
 }
 

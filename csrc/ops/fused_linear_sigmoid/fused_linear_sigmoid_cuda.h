@@ -15,7 +15,7 @@ namespace fls_cuda {
 // everywhere; the others are faster where they apply.
 enum class Kernel {
   kGeneric,
-  kSmallM,             // M <= 64: split-K tensor-core kernel, bias + sigmoid fused
+  kSmallM,             // M <= 64: weight-streaming tensor-core kernel, bias + sigmoid fused
   kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64, bias + sigmoid in the epilogue
   kSm90Coop256,        // CUTLASS sm90a, Cooperative 256x128x64
   kSm90Coop128x256,    // CUTLASS sm90a, Cooperative 128x256x64
