@@ -50,7 +50,7 @@ def bench_round_robin(impls, rounds=3):
     times = {name: [] for name in impls}
     for _ in range(rounds):
         for name, fn in impls.items():
-            times[name].append(do_bench(fn, rep=40))
+            times[name].append(do_bench(fn, rep=25))
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
@@ -86,7 +86,9 @@ def forced(kernel, fn):
     return call
 
 
-def bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, variants=(), tf32=False):
+def bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, variants=(), tf32=False, compiled=None):
+    """One row. `compiled` (mode -> compiled function) reuses compilations across rows, as the
+    M sweep does: one torch.compile call serving every batch size, as a user would have."""
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.manual_seed(0)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -105,10 +107,13 @@ def bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, variants=(), tf32=
             continue  # this kernel cannot run this shape or dtype
         impls[f"ours[{v}]"] = forced(v, lambda: customops.fused_linear_sigmoid(x, w, b))
     for mode in modes:
-        torch._dynamo.reset()
-        compiled = torch.compile(eager_fn, mode=None if mode == "default" else mode, dynamic=False)
-        compiled(x, w, b)  # compile (and autotune) outside the timing
-        impls[f"compile {mode}"] = (lambda c: lambda: c(x, w, b))(compiled)
+        if compiled is not None and mode in compiled:
+            fn = compiled[mode]
+        else:
+            torch._dynamo.reset()
+            fn = torch.compile(eager_fn, mode=None if mode == "default" else mode, dynamic=False)
+        fn(x, w, b)  # compile (and autotune) outside the timing
+        impls[f"compile {mode}"] = (lambda c: lambda: c(x, w, b))(fn)
     elt = x.element_size()
     flops = 2 * m * n * k
     nbytes = (m * k + n * k + n + m * n) * elt
@@ -224,6 +229,28 @@ def plot(sweep_rows, modes, peak_tflops, peak_tbs, path, title):
     fig.savefig(path, dpi=110)
 
 
+def main_cpu(args, argv):
+    date = datetime.date.today().isoformat()
+    rows = bench_cpu()
+    cpu = platform.processor() or platform.machine()
+    text = (
+        f"# fused_linear_sigmoid on the CPU\n\n{cpu}, {os.cpu_count()} cores, {rows[0]['threads']} threads, "
+        f"torch {torch.__version__}, {date}. Command: `python benchmarks/bench_fused_linear_sigmoid.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}`. float32 forward, medians of "
+        "torch.utils.benchmark.Timer.blocked_autorange (at least 1 s each).\n\n"
+        "| M×K×N | customops (µs) | eager (µs) | eager / ours |\n|---|---|---|---|\n"
+        + "\n".join(f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.0f} | {r['eager']:.0f} | "
+                    f"{r['eager'] / r['customops']:.2f}× |" for r in rows) + "\n"
+    )
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"fused_linear_sigmoid_cpu_{os.cpu_count()}cores_{date}.md")
+    with open(path, "w") as f:
+        f.write(text)
+    print(text)
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
@@ -233,9 +260,14 @@ def main(argv=None):
     parser.add_argument("--variants", nargs="*", default=[],
                         help="CUDA kernels to time forced, besides the automatic choice (generic, small_m, sm90_...)")
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU rows")
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU rows (no GPU needed)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (a quicker tuning run)")
+    parser.add_argument("--compile-dtypes", nargs="*", default=["bfloat16"],
+                        help="dtypes whose table shapes run torch.compile (default mode)")
     parser.add_argument("--quick", action="store_true", help="two table shapes, short sweep (a smoke run)")
     args = parser.parse_args(argv)
+    if args.cpu_only:
+        return main_cpu(args, argv)
     if not torch.cuda.is_available():
         print("benchmarks need a CUDA GPU", file=sys.stderr)
         return 2
@@ -250,14 +282,17 @@ def main(argv=None):
     table = []
     for dtype_name in args.dtypes:
         dtype = torch.float32 if dtype_name == "tf32" else getattr(torch, dtype_name)
-        modes = [] if args.no_compile else ["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else [])
+        modes = [] if args.no_compile or dtype_name not in args.compile_dtypes else (
+            ["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else []))
         for m, k, n in shapes:
             table.append(bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, args.variants, dtype_name == "tf32"))
             print(fmt_table(table[-1:], modes).splitlines()[-1], flush=True)
     sweep_rows = []
+    torch._dynamo.reset()
+    sweep_compiled = {} if args.no_compile else {"default": torch.compile(eager_fn)}
     for m in sweep:
         sweep_rows.append(bench_shape(m, 4096, 4096, torch.bfloat16, [] if args.no_compile else ["default"], peak_tflops,
-                                      peak_tbs, args.variants))
+                                      peak_tbs, args.variants, compiled=sweep_compiled))
         print(f"sweep M={m}: ours {sweep_rows[-1]['customops']:.1f} µs", flush=True)
     backward = [bench_backward(m, k, n, torch.bfloat16) for m, k, n in shapes]
     elementwise = bench_elementwise()
@@ -277,10 +312,12 @@ def main(argv=None):
     all_modes = ["default"]
     parts = [header]
     for dtype_name in args.dtypes:
-        modes = ["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else [])
+        modes = [] if args.no_compile or dtype_name not in args.compile_dtypes else (
+            ["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else []))
         rows = [r for r in table if r["dtype"] == dtype_name]
         parts.append(f"\n## Forward, {dtype_name}\n\n" + fmt_table(rows, modes) + "\n")
-    parts.append("\n## Sweep of M at K = N = 4096, bfloat16\n\n" + fmt_table(sweep_rows, all_modes) + "\n")
+    parts.append("\n## Sweep of M at K = N = 4096, bfloat16 (one torch.compile serves every M)\n\n"
+                 + fmt_table(sweep_rows, all_modes) + "\n")
     parts.append(
         "\n## Forward + backward (torch.autograd.grad w.r.t. x, W, b), bfloat16\n\n"
         "| M×K×N | customops (µs) | eager (µs) | eager / ours |\n|---|---|---|---|\n"
