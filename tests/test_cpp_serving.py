@@ -11,16 +11,11 @@ import torch
 
 import customops
 from customops.export import export_aoti, export_torchscript
-from customops.export.cpp import DEFAULT_BUILD, build_serve, run_serve
+from customops.export.cpp import DEFAULT_BUILD, run_serve
 
 from test_export import UsesAllOps
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (export/cpp/build.sh)")
-
-
-@pytest.fixture(scope="module")
-def serve():
-    return build_serve()
 
 
 @pytest.fixture(scope="module")
