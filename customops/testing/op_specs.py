@@ -13,6 +13,7 @@ ELEMENTWISE_CASES = [
     # (name, shape, layout)
     ("2d", (5, 7), "contiguous"),
     ("1d_odd_unaligned", (1029,), "offset"),  # vector loop, then a tail; not 16-byte aligned
+    ("large", (257, 131), "contiguous"),  # more than one CPU thread's chunk (32768 elements)
     ("transposed", (6, 4), "transposed"),
     ("strided", (4, 9), "strided"),
     ("padded", (3, 5), "padded"),
