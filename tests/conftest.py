@@ -37,6 +37,19 @@ def serve():
     return build_serve()
 
 
+@pytest.fixture(scope="session")
+def uses_all_ops_pt2(tmp_path_factory):
+    """(model, path): tests/test_export.py's UsesAllOps as an AOTInductor package with a
+    dynamic batch. Compiling one takes about a minute on a small CPU: test_export and
+    test_cpp_serving share it."""
+    from customops.export import export_aoti
+    from test_export import UsesAllOps
+
+    torch.manual_seed(0)
+    model = UsesAllOps().eval()
+    return model, export_aoti(model, torch.randn(8, 12), str(tmp_path_factory.mktemp("aoti") / "uses_all_ops.pt2"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -12,7 +12,6 @@ from torch import nn
 import customops
 from customops.export import (
     aoti_python_loading_works,
-    export_aoti,
     export_onnx,
     export_torchscript,
     load_aoti,
@@ -56,8 +55,8 @@ def test_torchscript_roundtrip(model, tmp_path):
     reason=f"torch {torch.__version__}'s aoti_load_package is known to crash (seen on torch 2.11); "
     "packages are checked through the C++ loader there",
 )
-def test_aoti_package_dynamic_batch(model, tmp_path):
-    path = export_aoti(model, torch.randn(8, 12), str(tmp_path / "m.pt2"))
+def test_aoti_package_dynamic_batch(uses_all_ops_pt2):
+    model, path = uses_all_ops_pt2
     runner = load_aoti(path)
     for b in BATCHES:
         x = torch.randn(b, 12)
