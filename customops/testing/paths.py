@@ -311,6 +311,8 @@ class PackedOps(nn.Module):
     def check(self, out: torch.Tensor, what: str, only: Optional[str] = None) -> None:
         """Every op's part of ``out`` against its reference (``only``: just that op's)."""
         parts = self.unpack(out.cpu())
+        if only is not None and only not in parts:
+            raise AssertionError(f"{only} is not in this artifact (it holds {list(parts)})")
         for spec, sample in self.calls:
             if only is None or spec.name == only:
                 got = parts[spec.name]
