@@ -1,19 +1,16 @@
+import shutil
+
 import pytest
 import torch
 
 import customops  # noqa: F401  (loads the op library)
+from customops.testing import DEFAULT_TOL
 
 HAS_CUDA = torch.cuda.is_available()
 
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
-# Per-dtype tolerances against a float64 reference (16-bit: one rounding of the output plus
-# float32 accumulation; float32: reordered sums).
-TOL = {
-    torch.float64: dict(atol=1e-10, rtol=1e-10),
-    torch.float32: dict(atol=2e-5, rtol=2e-5),
-    torch.float16: dict(atol=2e-3, rtol=2e-3),
-    torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2),
-}
+# Per-dtype tolerances against a float64 reference (customops/testing/spec.py says why).
+TOL = DEFAULT_TOL
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -28,6 +25,29 @@ def pytest_report_header(config):
 @pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
+
+
+@pytest.fixture(scope="session")
+def serve():
+    """The C++ server customops_serve (export/cpp), built once per session with cmake."""
+    if shutil.which("cmake") is None:
+        pytest.skip("needs cmake (export/cpp/build.sh)")
+    from customops.export.cpp import build_serve
+
+    return build_serve()
+
+
+@pytest.fixture(scope="session")
+def uses_all_ops_pt2(tmp_path_factory):
+    """(model, path): tests/test_export.py's UsesAllOps as an AOTInductor package with a
+    dynamic batch. Compiling one takes about a minute on a small CPU: test_export and
+    test_cpp_serving share it."""
+    from customops.export import export_aoti
+    from test_export import UsesAllOps
+
+    torch.manual_seed(0)
+    model = UsesAllOps().eval()
+    return model, export_aoti(model, torch.randn(8, 12), str(tmp_path_factory.mktemp("aoti") / "uses_all_ops.pt2"))
 
 
 @pytest.fixture(autouse=True)

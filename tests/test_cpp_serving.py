@@ -10,28 +10,16 @@ import pytest
 import torch
 
 import customops
-from customops.export import export_aoti, export_torchscript
-from customops.export.cpp import DEFAULT_BUILD, build_serve, run_serve
-
-from test_export import UsesAllOps
+from customops.export import export_torchscript
+from customops.export.cpp import DEFAULT_BUILD, run_serve
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (export/cpp/build.sh)")
 
 
 @pytest.fixture(scope="module")
-def serve():
-    return build_serve()
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    torch.manual_seed(0)
-    model = UsesAllOps().eval()
-    d = tmp_path_factory.mktemp("cpp")
-    return model, {
-        "pt": export_torchscript(model, None, str(d / "m.pt")),
-        "pt2": export_aoti(model, torch.randn(8, 12), str(d / "m.pt2")),
-    }
+def exported(uses_all_ops_pt2, tmp_path_factory):
+    model, pt2 = uses_all_ops_pt2
+    return model, {"pt": export_torchscript(model, None, str(tmp_path_factory.mktemp("cpp") / "m.pt")), "pt2": pt2}
 
 
 @pytest.mark.parametrize("fmt", ["pt", "pt2"])
