@@ -90,6 +90,7 @@ def test_translation_table_covers_every_public_op():
         torch.ops.customops.fused_linear_sigmoid.default,
         torch.ops.customops.add.default,
         torch.ops.customops.sigmoid.default,
+        torch.ops.customops.sigmoid_focal_loss.default,
     }
 
 
