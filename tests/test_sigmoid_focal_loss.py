@@ -1,7 +1,7 @@
 """customops.sigmoid_focal_loss against a float64 reference written as torchvision's composite:
 every reduction, several alpha/gamma, every dtype and layout, numel 0, logits of +-100 and
 +-1e4, autograd w.r.t. inputs and targets, opcheck, gradcheck, torch.compile, torch.export,
-TorchScript, ONNX Runtime, and the CUDA runtime rules (current stream, CUDA graphs, failed
+AOTInductor, TorchScript, ONNX Runtime, and the CUDA runtime rules (current stream, CUDA graphs, failed
 launches, sizes past 2^31). The `device` fixture adds CUDA wherever a GPU is visible."""
 
 import os
@@ -537,6 +537,25 @@ def test_export_dynamic_batch_and_save_load(device, reduction, tmp_path):
         x, t = torch.randn(rows, 7, device=device), torch.rand(rows, 7, device=device)
         torch.testing.assert_close(ep.module()(x, t), model(x, t))
         torch.testing.assert_close(loaded.module()(x, t), model(x, t))
+
+
+class FocalAndMean(nn.Module):
+    def forward(self, x, t):
+        return customops.sigmoid_focal_loss(x, t, 0.4, 1.5, "sum") + customops.sigmoid_focal_loss(x, t).mean()
+
+
+def test_aoti_package_dynamic_batch(device, tmp_path):
+    from customops.export import aoti_python_loading_works, export_aoti, load_aoti
+
+    if not aoti_python_loading_works():
+        pytest.skip(f"torch {torch.__version__}'s aoti_load_package is known to crash")
+    model = FocalAndMean()
+    path = export_aoti(model, (torch.randn(8, 5, device=device), torch.rand(8, 5, device=device)),
+                       str(tmp_path / "focal.pt2"))
+    runner = load_aoti(path)
+    for rows in (1, 37):
+        x, t = torch.randn(rows, 5, device=device), torch.rand(rows, 5, device=device)
+        torch.testing.assert_close(runner(x, t), model(x, t))
 
 
 class ScriptedUse(nn.Module):
