@@ -28,4 +28,17 @@ TORCH_LIBRARY(customops, m) {
   m.def(
       "fused_linear_sigmoid_backward(Tensor grad_out, Tensor x, Tensor weight, "
       "Tensor y, bool[3] output_mask) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+
+  m.set_python_module("customops.ops.sigmoid_focal_loss");
+  // Lin et al.'s focal loss with torchvision.ops.sigmoid_focal_loss's semantics; inputs
+  // and targets of one shape; reduction "none" (inputs' shape) or "mean"/"sum" (0-dim).
+  m.def(
+      "sigmoid_focal_loss(Tensor inputs, Tensor targets, float alpha=0.25, float gamma=2.0, "
+      "str reduction=\"none\") -> Tensor");
+  // Gradients recomputed from inputs and targets (nothing else is saved); grad_out has
+  // inputs' shape for "none" and is 0-dim for "mean"/"sum". An output whose output_mask
+  // entry is false is returned as an empty tensor.
+  m.def(
+      "sigmoid_focal_loss_backward(Tensor grad_out, Tensor inputs, Tensor targets, float alpha, "
+      "float gamma, str reduction, bool[2] output_mask) -> (Tensor grad_inputs, Tensor grad_targets)");
 }

@@ -9,7 +9,7 @@ import torch  # noqa: F401  (the op library needs libtorch loaded first)
 
 from . import nn  # noqa: E402
 from ._library import compiled_backends, library_path, load_library  # noqa: E402
-from .ops import add, fused_linear_sigmoid, sigmoid, sigmoid_backward  # noqa: E402
+from .ops import add, fused_linear_sigmoid, sigmoid, sigmoid_backward, sigmoid_focal_loss  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -22,4 +22,5 @@ __all__ = [
     "nn",
     "sigmoid",
     "sigmoid_backward",
+    "sigmoid_focal_loss",
 ]

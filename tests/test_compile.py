@@ -16,7 +16,8 @@ def make_model(device):
 
 def uses_all_ops(x, w, b):
     y = customops.fused_linear_sigmoid(x, w, b)
-    return customops.add(customops.sigmoid(y), y)
+    s = customops.sigmoid(y)
+    return customops.add(s, y) + customops.sigmoid_focal_loss(y, s, reduction="sum")
 
 
 @pytest.fixture(autouse=True)
@@ -94,6 +95,8 @@ def test_no_schema_has_mutation_or_alias_annotations():
         "customops::sigmoid_backward",
         "customops::fused_linear_sigmoid",
         "customops::fused_linear_sigmoid_backward",
+        "customops::sigmoid_focal_loss",
+        "customops::sigmoid_focal_loss_backward",
     }
     for schema in schemas:
         assert not schema.is_mutable, str(schema)
@@ -118,6 +121,7 @@ def test_compiled_graphs_have_no_auto_functionalized_node(device):
     targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
     assert "customops.fused_linear_sigmoid.default" in targets
     assert "customops.fused_linear_sigmoid_backward.default" in targets
+    assert "customops.sigmoid_focal_loss_backward.default" in targets
     assert not [t for t in targets if "auto_functionalized" in t], targets
 
 

@@ -8,6 +8,7 @@ import customops  # noqa: F401
 from conftest import DEVICES
 
 flsig = torch.ops.customops.fused_linear_sigmoid
+focal = torch.ops.customops.sigmoid_focal_loss
 
 
 def _cases(device):
@@ -30,6 +31,12 @@ def _cases(device):
         (torch.ops.customops.sigmoid_backward, (x, x.half()), ["y", "dtype of grad_out"]),
         (flsig, (x.to(torch.uint16), w, b), ["x", "torch.uint16"]),
         (torch.ops.customops.sigmoid, (x.to(torch.float8_e4m3fn),), ["x", "torch.float8_e4m3fn"]),
+        (focal, (x, x.double()), ["targets", "dtype of inputs"]),
+        (focal, (x, x[:2]), ["targets", "shape of inputs", "[4, 8]", "[2, 8]"]),
+        (focal, (x, x, 0.25, 2.0, "avg"), ["reduction", "'none', 'mean' or 'sum'", "'avg'"]),
+        (focal, (x, x, 0.25, -1.0), ["gamma", ">= 0"]),
+        (torch.ops.customops.sigmoid_focal_loss_backward, (x, x, x, 0.25, 2.0, "sum", [True, True]),
+         ["grad_out", "0-dimensional", "[4, 8]"]),
     ]
 
 
@@ -42,7 +49,7 @@ def test_errors_name_the_argument_and_match_fake(device, case):
     for part in expected:
         assert part in msg, (part, msg)
     # The fake kernel (meta tensors) raises the same first line.
-    meta_args = [a.to("meta") for a in args]
+    meta_args = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
     with pytest.raises(RuntimeError) as fake:
         op(*meta_args)
     assert str(fake.value).splitlines()[0] == msg

@@ -35,7 +35,15 @@ def test_kernels_for_every_backend_this_torch_has():
         assert "CUDA" in backends
     if torch.version.cuda is None:  # a CPU-only torch builds the CPU kernels alone
         assert backends == ["CPU"]
-    for op in ("add", "sigmoid", "sigmoid_backward", "fused_linear_sigmoid", "fused_linear_sigmoid_backward"):
+    for op in (
+        "add",
+        "sigmoid",
+        "sigmoid_backward",
+        "fused_linear_sigmoid",
+        "fused_linear_sigmoid_backward",
+        "sigmoid_focal_loss",
+        "sigmoid_focal_loss_backward",
+    ):
         for key in backends:
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"customops::{op}", key), (op, key)
 

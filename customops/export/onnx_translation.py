@@ -5,7 +5,11 @@ onnxruntime with no extra library:
 
 - ``fused_linear_sigmoid(x, W, b)`` -> ``Sigmoid(Add(MatMul(x, Transpose(W)), b))`` (the ONNX
   optimizer folds MatMul + Transpose + Add into ``Gemm`` for 2-D x);
-- ``add(a, b)`` -> ``Add``;  ``sigmoid(x)`` -> ``Sigmoid``.
+- ``add(a, b)`` -> ``Add``;  ``sigmoid(x)`` -> ``Sigmoid``;
+- ``sigmoid_focal_loss(x, t, alpha, gamma, reduction)`` -> the same stable formulas as the
+  kernels (csrc/ops/sigmoid_focal_loss/sigmoid_focal_loss.h) in Relu, Abs, Neg, Exp, Log,
+  Sigmoid, Mul, Sub, Add, Pow (none for gamma 0, 1 or 2), then ReduceMean / ReduceSum over
+  all axes; 16-bit inputs are computed in float32 and cast back, as the kernels do.
 
 Use it when calling the exporter yourself::
 
@@ -16,6 +20,7 @@ Needs the ``onnxscript`` package (``pip install onnx onnxscript``).
 """
 
 import torch
+from onnxscript import ir
 from onnxscript import opset18 as op
 
 import customops  # noqa: F401  (the ops must exist before the table names them)
@@ -36,8 +41,45 @@ def sigmoid(x):
     return op.Sigmoid(x)
 
 
+def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "none"):
+    # alpha, gamma and reduction are constants of the exported graph (Python values here).
+    x, t = inputs, targets
+    low_precision = inputs.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    if low_precision:
+        x, t = op.Cast(x, to=ir.DataType.FLOAT), op.Cast(t, to=ir.DataType.FLOAT)
+
+    def const(value):
+        return op.CastLike(op.Constant(value_float=float(value)), x)
+
+    one = const(1.0)
+    p, q = op.Sigmoid(x), op.Sigmoid(op.Neg(x))
+    one_minus_t = op.Sub(one, t)
+    # BCE with logits: max(x, 0) - x t + log(1 + exp(-|x|)).
+    ce = op.Add(op.Sub(op.Relu(x), op.Mul(x, t)), op.Log(op.Add(one, op.Exp(op.Neg(op.Abs(x))))))
+    m = op.Add(op.Mul(p, one_minus_t), op.Mul(q, t))  # 1 - p_t without cancellation
+    if gamma == 0:
+        loss = ce
+    elif gamma == 1:
+        loss = op.Mul(ce, m)
+    elif gamma == 2:
+        loss = op.Mul(ce, op.Mul(m, m))
+    else:
+        loss = op.Mul(ce, op.Pow(m, const(gamma)))
+    if alpha >= 0:
+        alpha_t = op.Add(op.Mul(const(alpha), t), op.Mul(const(1.0 - alpha), one_minus_t))
+        loss = op.Mul(alpha_t, loss)
+    if reduction == "mean":
+        loss = op.ReduceMean(loss, keepdims=0)
+    elif reduction == "sum":
+        loss = op.ReduceSum(loss, keepdims=0)
+    if low_precision:
+        loss = op.CastLike(loss, inputs)
+    return loss
+
+
 ONNX_TRANSLATION_TABLE = {
     torch.ops.customops.fused_linear_sigmoid.default: fused_linear_sigmoid,
     torch.ops.customops.add.default: add,
     torch.ops.customops.sigmoid.default: sigmoid,
+    torch.ops.customops.sigmoid_focal_loss.default: sigmoid_focal_loss,
 }

@@ -12,5 +12,6 @@ load_library()
 from .add import add  # noqa: E402
 from .fused_linear_sigmoid import fused_linear_sigmoid  # noqa: E402
 from .sigmoid import sigmoid, sigmoid_backward  # noqa: E402
+from .sigmoid_focal_loss import sigmoid_focal_loss  # noqa: E402
 
-__all__ = ["add", "fused_linear_sigmoid", "sigmoid", "sigmoid_backward"]
+__all__ = ["add", "fused_linear_sigmoid", "sigmoid", "sigmoid_backward", "sigmoid_focal_loss"]
