@@ -129,4 +129,83 @@ FUSED_LINEAR_SIGMOID_BACKWARD = OpSpec(
 )
 
 
-OP_SPECS = [ADD, SIGMOID, SIGMOID_BACKWARD, FUSED_LINEAR_SIGMOID, FUSED_LINEAR_SIGMOID_BACKWARD]
+# --- sigmoid_focal_loss and its backward -----------------------------------------------------
+
+
+def sigmoid_focal_loss_reference(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
+    # torchvision.ops.sigmoid_focal_loss, op for op (Lin et al. 2017).
+    p = torch.sigmoid(inputs)
+    ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    loss = ce * ((1 - p_t) ** gamma)
+    if alpha >= 0:
+        loss = (alpha * targets + (1 - alpha) * (1 - targets)) * loss
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+
+# (name, shape, layout, alpha, gamma, reduction)
+FOCAL_CASES = [
+    ("2d", (5, 7), "contiguous", 0.25, 2.0, "none"),  # first sample: the one exported
+    ("transposed_mean", (6, 4), "transposed", 0.5, 1.0, "mean"),
+    ("strided_sum", (4, 9), "strided", 0.25, 2.0, "sum"),
+    ("no_alpha_gamma0", (1029,), "offset", -1.0, 0.0, "none"),  # vector loop, tail, unaligned
+    ("empty_sum", (0, 3), "contiguous", 0.25, 2.0, "sum"),
+]
+
+
+def sigmoid_focal_loss_samples(device, dtype, requires_grad):
+    for name, shape, layout, alpha, gamma, reduction in FOCAL_CASES:
+        # Logits scaled by 4 reach the saturated tails; targets are soft labels in [0, 1).
+        inputs = make_tensor(shape, device, dtype, layout, requires_grad, scale=4)
+        targets = make_tensor(shape, device, dtype, "contiguous", requires_grad, uniform=True)
+        yield SampleInput((inputs, targets), {"alpha": alpha, "gamma": gamma, "reduction": reduction}, name=name)
+
+
+def sigmoid_focal_loss_backward_samples(device, dtype, requires_grad):
+    for name, shape, layout, alpha, gamma, reduction in FOCAL_CASES:
+        inputs = make_tensor(shape, device, dtype, layout, requires_grad, scale=4)
+        targets = make_tensor(shape, device, dtype, "contiguous", requires_grad, uniform=True)
+        grad_shape = shape if reduction == "none" else ()
+        grad_out = make_tensor(grad_shape, device, dtype, "contiguous", requires_grad)
+        mask = [True, name != "2d"]  # grad w.r.t. targets too, except in one sample
+        yield SampleInput((grad_out, inputs, targets, alpha, gamma, reduction, mask), name=name)
+
+
+def sigmoid_focal_loss_backward_reference(grad_out, inputs, targets, alpha, gamma, reduction, output_mask):
+    with torch.enable_grad():
+        x = inputs.detach().requires_grad_()
+        t = targets.detach().requires_grad_()
+        loss = sigmoid_focal_loss_reference(x, t, alpha, gamma, reduction)
+        gx, gt = torch.autograd.grad(loss, (x, t), grad_out)
+    empty = inputs.new_empty(0)
+    return (gx if output_mask[0] else empty, gt if output_mask[1] else empty)
+
+
+SIGMOID_FOCAL_LOSS = OpSpec(
+    name="sigmoid_focal_loss",
+    sample_inputs=sigmoid_focal_loss_samples,
+    reference=sigmoid_focal_loss_reference,
+    supports_gradgrad=False,  # first-order gradients only: double backward raises
+)
+
+SIGMOID_FOCAL_LOSS_BACKWARD = OpSpec(
+    name="sigmoid_focal_loss_backward",
+    sample_inputs=sigmoid_focal_loss_backward_samples,
+    reference=sigmoid_focal_loss_backward_reference,
+    supports_gradgrad=False,
+    unsupported={
+        "autograd": "first-order gradients only: the backward op has no derivative of its own (it raises)",
+        "onnx": "no ONNX translation: a backward op, absent from inference graphs",
+    },
+)
+
+
+OP_SPECS = [
+    ADD,
+    SIGMOID,
+    SIGMOID_BACKWARD,
+    FUSED_LINEAR_SIGMOID,
+    FUSED_LINEAR_SIGMOID_BACKWARD,
+    SIGMOID_FOCAL_LOSS,
+    SIGMOID_FOCAL_LOSS_BACKWARD,
+]
