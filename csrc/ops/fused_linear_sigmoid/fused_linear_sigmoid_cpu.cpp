@@ -1,39 +1,20 @@
 // fused_linear_sigmoid and its backward, CPU kernels: GEMM through ATen, then
-// bias + sigmoid in one pass over the output.
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
+// bias + sigmoid in place over the output.
 #include <torch/library.h>
 
-#include <algorithm>
-
-#include "../common/cpu_utils.h"
-#include "../common/math.h"
 #include "../sigmoid/sigmoid.h"
 #include "fused_linear_sigmoid.h"
 
 namespace customops {
 namespace {
 
+// ATen's own CPU kernels for the elementwise step: they are vectorized for the CPU
+// found at run time (AVX2/AVX-512 through ATen's dispatch), which this library, built
+// once with generic flags, cannot be; on 2 cores a scalar pass here made the op 20%
+// slower than eager at 1024x1024x1024 (benchmarks/NOTES.md).
 void bias_sigmoid_cpu_(at::Tensor& out, const c10::optional<at::Tensor>& bias) {
-  const int64_t rows = out.size(0);
-  const int64_t cols = out.size(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, out.scalar_type(), "customops::fused_linear_sigmoid", [&] {
-        using opmath_t = at::opmath_type<scalar_t>;
-        scalar_t* o = out.data_ptr<scalar_t>();
-        const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
-        const int64_t grain_rows = std::max<int64_t>(1, cpu::kGrainSize / std::max<int64_t>(cols, 1));
-        at::parallel_for(0, rows, grain_rows, [&](int64_t begin, int64_t end) {
-          for (int64_t r = begin; r < end; ++r) {
-            scalar_t* row = o + r * cols;
-            for (int64_t j = 0; j < cols; ++j) {
-              const opmath_t z = static_cast<opmath_t>(row[j]) + (b ? static_cast<opmath_t>(b[j]) : opmath_t(0));
-              row[j] = static_cast<scalar_t>(sigmoid(z));
-            }
-          }
-        });
-      });
+  if (bias.has_value()) out.add_(*bias);
+  out.sigmoid_();
 }
 
 at::Tensor fused_linear_sigmoid_cpu(
