@@ -76,12 +76,13 @@ inline int64_t leading_rows(const at::Tensor& t) {
 // (a C++ program) and an input requires grad. Every returned tensor is its own
 // allocation, never a view, so in-place ops on it work as on any fresh tensor.
 //
-// bias_sigmoid_(out2d, bias): out2d <- sigmoid(out2d + bias) in place, with
-// out2d contiguous (M, out_features) and bias contiguous or absent.
-template <typename BiasSigmoidFn>
+// linear_sigmoid(x2d, weight, bias, out2d): out2d <- sigmoid(x2d @ weight^T + bias)
+// for x2d (M, in_features) with any strides, out2d contiguous (M, out_features)
+// and not empty, bias contiguous or absent.
+template <typename LinearSigmoidFn>
 at::Tensor fused_linear_sigmoid_forward_impl(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
-    BiasSigmoidFn bias_sigmoid_) {
+    LinearSigmoidFn linear_sigmoid) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   const int64_t rows = leading_rows(x);
   const int64_t in_features = weight.size(1);
@@ -90,9 +91,10 @@ at::Tensor fused_linear_sigmoid_forward_impl(
       fused_linear_sigmoid_output_shape(x, weight), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() > 0) {
     at::Tensor out2d = out.view({rows, out_features});
-    // reshape copies only where the strides demand it; mm takes any strides.
-    at::mm_out(out2d, x.reshape({rows, in_features}), weight.t());
-    bias_sigmoid_(out2d, bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : c10::nullopt);
+    // reshape copies only where the strides demand it.
+    linear_sigmoid(
+        x.reshape({rows, in_features}), weight, bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : c10::nullopt,
+        out2d);
   }
   return out;
 }

@@ -184,34 +184,27 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   return Kernel::kGeneric;
 }
 
+void linear_sigmoid_cuda(
+    const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
+  const Kernel k = choose_kernel(x2d, weight, bias);
+  switch (k) {
+    case Kernel::kSmallM:
+      fls_cuda::small_m_forward(x2d, weight, bias, out2d);
+      break;
+    case Kernel::kGeneric:
+      at::mm_out(out2d, x2d, weight.t());
+      bias_sigmoid_cuda_(out2d, bias);
+      break;
+    default:
+      fls_cuda::sm90_forward(k, x2d, weight, bias, out2d);
+  }
+}
+
 at::Tensor fused_linear_sigmoid_cuda(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_fused_linear_sigmoid_args(x, weight, bias);
   const c10::cuda::CUDAGuard device_guard(x.device());
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  const int64_t rows = leading_rows(x);
-  const int64_t in_features = weight.size(1);
-  const int64_t out_features = weight.size(0);
-  at::Tensor out = at::empty(
-      fused_linear_sigmoid_output_shape(x, weight), x.options().memory_format(at::MemoryFormat::Contiguous));
-  if (out.numel() == 0) return out;
-  at::Tensor out2d = out.view({rows, out_features});
-  const at::Tensor x2d = x.reshape({rows, in_features});
-  const std::optional<at::Tensor> bias_c =
-      bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
-  const Kernel k = choose_kernel(x2d, weight, bias_c);
-  switch (k) {
-    case Kernel::kSmallM:
-      fls_cuda::small_m_forward(x2d, weight, bias_c, out2d);
-      break;
-    case Kernel::kGeneric:
-      at::mm_out(out2d, x2d, weight.t());
-      bias_sigmoid_cuda_(out2d, bias_c);
-      break;
-    default:
-      fls_cuda::sm90_forward(k, x2d, weight, bias_c, out2d);
-  }
-  return out;
+  return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_cuda);
 }
 
 // grad_z = grad_out * y * (1 - y) over a contiguous (rows, cols) matrix, and the
