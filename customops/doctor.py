@@ -14,6 +14,7 @@ it runs only with ``--aoti``.
 
 import argparse
 import json
+import logging
 import os
 import platform
 import sys
@@ -132,6 +133,9 @@ def main(argv=None) -> int:
     parser.add_argument("--aoti", action="store_true", help="also build and load an AOTInductor package (one for every op)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
+    # torch.onnx's exporter logs a warning per torchvision op it cannot register when
+    # torchvision is absent: noise above the report that concerns none of our ops.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if args.device == "all" and not torch.cuda.is_available():
         devices = ["cpu"]
