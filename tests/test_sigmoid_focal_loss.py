@@ -16,6 +16,7 @@ from torch import nn
 
 import customops
 from conftest import DTYPES, HAS_CUDA, TOL, assert_close_ref
+from customops.testing.op_specs import sigmoid_focal_loss_reference
 
 op = torch.ops.customops.sigmoid_focal_loss
 op_bw = torch.ops.customops.sigmoid_focal_loss_backward
@@ -28,25 +29,8 @@ ALL_DTYPES = DTYPES + [torch.float64]
 ALPHA_GAMMA = [(0.25, 2.0), (-1.0, 2.0), (0.25, 0.0), (0.5, 1.0), (0.75, 0.5), (0.25, 3.5)]
 
 
-def torchvision_sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2, reduction: str = "none"):
-    """torchvision.ops.sigmoid_focal_loss (torchvision/ops/focal_loss.py), verbatim apart from
-    the logging call and the error message: the reference the op must match."""
-    p = torch.sigmoid(inputs)
-    ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
-    p_t = p * targets + (1 - p) * (1 - targets)
-    loss = ce_loss * ((1 - p_t) ** gamma)
-    if alpha >= 0:
-        alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
-        loss = alpha_t * loss
-    if reduction == "none":
-        pass
-    elif reduction == "mean":
-        loss = loss.mean()
-    elif reduction == "sum":
-        loss = loss.sum()
-    else:
-        raise ValueError(reduction)
-    return loss
+# torchvision's composite, the reference the op must match (one copy, in the op's spec).
+torchvision_sigmoid_focal_loss = sigmoid_focal_loss_reference
 
 
 def stable_composite(inputs, targets, alpha, gamma, reduction):

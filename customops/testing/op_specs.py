@@ -133,14 +133,22 @@ FUSED_LINEAR_SIGMOID_BACKWARD = OpSpec(
 
 
 def sigmoid_focal_loss_reference(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
-    # torchvision.ops.sigmoid_focal_loss, op for op (Lin et al. 2017).
+    """torchvision.ops.sigmoid_focal_loss (torchvision/ops/focal_loss.py, Lin et al. 2017), op
+    for op apart from its logging call and error message: the composite a user would otherwise
+    write, and the reference the tests and benchmarks hold the op to."""
     p = torch.sigmoid(inputs)
     ce = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
     p_t = p * targets + (1 - p) * (1 - targets)
     loss = ce * ((1 - p_t) ** gamma)
     if alpha >= 0:
         loss = (alpha * targets + (1 - alpha) * (1 - targets)) * loss
-    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+    if reduction == "none":
+        return loss
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    raise ValueError(reduction)
 
 
 # (name, shape, layout, alpha, gamma, reduction)

@@ -29,6 +29,7 @@
 #include <c10/macros/Macros.h>
 #include <c10/util/string_view.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 
@@ -90,6 +91,34 @@ inline FocalGradOut focal_grad_out(const at::Tensor& grad_out, FocalReduction re
   }
   if (broadcast_scalar) return {grad_out, true};
   return {grad_out.contiguous(), false};
+}
+
+// What both backends' backward needs after the checks (and the CUDA device guard): the
+// output_mask's gradients allocated (the others empty), contiguous inputs, grad_out as a
+// scalar or an elementwise tensor, and 1/n for "mean". done: nothing to compute.
+struct FocalBackwardSetup {
+  at::Tensor grad_inputs, grad_targets, x, t;
+  FocalGradOut go;
+  int64_t n;
+  double scale;
+  bool done;
+};
+
+inline FocalBackwardSetup focal_backward_setup(
+    const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, FocalReduction red,
+    std::array<bool, 2> output_mask) {
+  const auto contiguous = inputs.options().memory_format(at::MemoryFormat::Contiguous);
+  FocalBackwardSetup b;
+  b.grad_inputs = output_mask[0] ? at::empty(inputs.sizes(), contiguous) : inputs.new_empty({0});
+  b.grad_targets = output_mask[1] ? at::empty(inputs.sizes(), contiguous) : inputs.new_empty({0});
+  b.n = inputs.numel();
+  b.scale = red == FocalReduction::Mean && b.n > 0 ? 1.0 / static_cast<double>(b.n) : 1.0;
+  b.done = b.n == 0 || !(output_mask[0] || output_mask[1]);
+  if (b.done) return b;
+  b.x = inputs.contiguous();
+  b.t = targets.contiguous();
+  b.go = focal_grad_out(grad_out, red);
+  return b;
 }
 
 // --- per-element formulas; T is the opmath type (float for 16-bit inputs) ---------------

@@ -74,20 +74,19 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     c10::string_view reduction, std::array<bool, 2> output_mask) {
   const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, gamma, reduction);
-  const auto contiguous = inputs.options().memory_format(at::MemoryFormat::Contiguous);
-  at::Tensor grad_inputs = output_mask[0] ? at::empty(inputs.sizes(), contiguous) : inputs.new_empty({0});
-  at::Tensor grad_targets = output_mask[1] ? at::empty(inputs.sizes(), contiguous) : inputs.new_empty({0});
-  const int64_t n = inputs.numel();
-  if (n == 0 || !(output_mask[0] || output_mask[1])) return {grad_inputs, grad_targets};
-  const at::Tensor x = inputs.contiguous();
-  const at::Tensor t = targets.contiguous();
-  const FocalGradOut go = focal_grad_out(grad_out, red);
+  FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
+  at::Tensor& grad_inputs = b.grad_inputs;
+  at::Tensor& grad_targets = b.grad_targets;
+  if (b.done) return {grad_inputs, grad_targets};
+  const at::Tensor& x = b.x;
+  const at::Tensor& t = b.t;
+  const FocalGradOut& go = b.go;
+  const int64_t n = b.n;
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss_backward", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
         const auto prm = focal_loss_params<opmath_t>(alpha, gamma);
-        const opmath_t scale = red == FocalReduction::Mean ? static_cast<opmath_t>(1.0 / static_cast<double>(n))
-                                                           : opmath_t(1);
+        const opmath_t scale = static_cast<opmath_t>(b.scale);
         const scalar_t* gop = go.tensor.const_data_ptr<scalar_t>();
         const bool go_scalar = go.scalar;
         const opmath_t g0 = go_scalar ? static_cast<opmath_t>(gop[0]) * scale : opmath_t(0);
