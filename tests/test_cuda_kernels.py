@@ -55,7 +55,7 @@ def _run(kernel, monkeypatch, m, k, n, dtype, bias=True, x_layout="contiguous", 
 
 SMALL_M_SHAPES = [  # (M, K, N): n-tile edges (8, 16, 32, 64 rows), 128-row blocks, k steps and chunks
     (1, 4096, 4096), (3, 72, 129), (8, 8, 1), (9, 4104, 127), (16, 1024, 256), (17, 520, 300),
-    (32, 4096, 1000), (33, 8, 1), (64, 1000, 256), (64, 8192, 520), (1, 16384, 136),
+    (32, 4096, 1000), (33, 8, 1), (64, 1000, 256), (64, 8192, 520), (1, 16384, 136), (2, 512, 20000),
 ]
 
 
@@ -69,7 +69,7 @@ def test_small_m_kernel(monkeypatch, m, k, n, dtype):
 @pytest.mark.skipif(not _is_hopper(), reason="the small-M kernel needs compute capability 9.0")
 @pytest.mark.parametrize("x_layout,w_layout", [("row_stride", "contiguous"), ("contiguous", "row_stride")])
 def test_small_m_kernel_strided_rows_and_no_bias(monkeypatch, x_layout, w_layout):
-    err = _run("small_m", monkeypatch, 5, 264, 200, torch.bfloat16, bias=False, x_layout=x_layout, w_layout=w_layout)
+    err = _run("small_m", monkeypatch, 21, 264, 200, torch.bfloat16, bias=False, x_layout=x_layout, w_layout=w_layout)
     assert err <= 1e-2
 
 
@@ -87,6 +87,31 @@ def test_sm90_kernels(monkeypatch, kernel, m, k, n, dtype):
     if not _build_info().get("cutlass_sm90_kernels"):
         pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
     assert _run(kernel, monkeypatch, m, k, n, dtype, bias=(m % 2 == 1)) <= 1e-2
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
+@pytest.mark.parametrize("m,k,n", SM90_SHAPES)
+def test_sm90_tf32_kernel(monkeypatch, m, k, n):
+    if not _build_info().get("cutlass_sm90_kernels"):
+        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert _run("sm90_pingpong_128x128", monkeypatch, m, k, n, torch.float32, bias=(m % 2 == 1)) <= 5e-4
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
+def test_sm90_float32_needs_tf32_allowed(monkeypatch):
+    # IEEE float32 never runs on the TF32 tensor cores, and only Pingpong has a TF32 build.
+    x = torch.randn(512, 64, device="cuda")
+    w = torch.randn(128, 64, device="cuda")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setenv(ENV, "sm90_pingpong_128x128")
+    with pytest.raises(RuntimeError, match="CUSTOMOPS_FLS_CUDA_KERNEL=sm90_pingpong_128x128 cannot run"):
+        customops.fused_linear_sigmoid(x, w)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    for kernel in ["sm90_coop_256x128", "sm90_coop_128x256"]:
+        monkeypatch.setenv(ENV, kernel)
+        with pytest.raises(RuntimeError, match=f"CUSTOMOPS_FLS_CUDA_KERNEL={kernel} cannot run"):
+            customops.fused_linear_sigmoid(x, w)
 
 
 @pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
@@ -108,7 +133,8 @@ def test_float32_follows_the_tf32_setting(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     assert _run("", monkeypatch, 512, 1024, 512, torch.float32) <= 1e-5
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    assert _run("", monkeypatch, 512, 1024, 512, torch.float32) <= 5e-4
+    assert _run("", monkeypatch, 512, 1024, 512, torch.float32) <= 5e-4  # the TF32 CUTLASS kernel on Hopper
+    assert _run("", monkeypatch, 77, 129, 7, torch.float32) <= 5e-4  # cuBLAS TF32
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -143,3 +169,16 @@ def test_backward_bias_gradient_pass(rows, n, dtype):
     for name, got, ref in zip("xWb", grads, refs):
         err = _rel_err(got, ref)
         assert err <= (1e-5 if dtype == torch.float32 else 1e-2), f"grad {name}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+def test_generic_kernel_is_eager_bit_for_bit(monkeypatch, dtype, bias):
+    # The generic path makes eager's own calls (addmm with the bias, then sigmoid), so it
+    # rounds exactly as F.linear + torch.sigmoid does.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    x = torch.randn(100, 72, device="cuda", dtype=dtype)
+    w = torch.randn(40, 72, device="cuda", dtype=dtype)
+    b = torch.randn(40, device="cuda", dtype=dtype) if bias else None
+    monkeypatch.setenv(ENV, "generic")
+    assert torch.equal(customops.fused_linear_sigmoid(x, w, b), torch.sigmoid(F.linear(x, w, b)))

@@ -165,7 +165,6 @@ LAUNCH_FAILURES = {
     "add_kernel": "customops.add(x, x)",
     "sigmoid_kernel": "customops.sigmoid(x)",
     "sigmoid_backward_kernel": "torch.ops.customops.sigmoid_backward(x, x)",
-    "bias_sigmoid_kernel": "customops.fused_linear_sigmoid(x, w, b)",
     "sigmoid_backward_colsum_kernel": (
         "xr, br = x.clone().requires_grad_(), b.clone().requires_grad_(); "
         "torch.autograd.grad(customops.fused_linear_sigmoid(xr, w, br).sum(), (xr, br))"

@@ -99,6 +99,23 @@ at::Tensor fused_linear_sigmoid_forward_impl(
   return out;
 }
 
+// out2d = sigmoid(x2d @ weight^T + bias) through the same ATen calls as eager F.linear +
+// torch.sigmoid: addmm adds the bias in the GEMM's accumulation (one rounding for 16-bit
+// types, as eager), then ATen's sigmoid in place. The CPU forward and the CUDA generic path:
+// ATen's CPU kernels are vectorized for the CPU found at run time (AVX2/AVX-512), which this
+// library, compiled once with generic flags, cannot be; on CUDA, cuBLASLt's bias epilogue
+// makes this eager's speed, where a GEMM plus our own bias + sigmoid pass was up to 10% slower
+// at mid-size M (benchmarks/NOTES.md).
+inline void linear_sigmoid_aten(
+    const at::Tensor& x2d, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, at::Tensor& out2d) {
+  if (bias.has_value()) {
+    at::addmm_out(out2d, *bias, x2d, weight.t());
+  } else {
+    at::mm_out(out2d, x2d, weight.t());
+  }
+  out2d.sigmoid_();
+}
+
 // grad_z = grad_out * y * (1 - y); grad_x = grad_z @ W; grad_W = grad_z^T @ x;
 // grad_b = sum over rows of grad_z. Masked-off outputs are empty tensors.
 //

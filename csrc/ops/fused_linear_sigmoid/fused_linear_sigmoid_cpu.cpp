@@ -1,5 +1,5 @@
 // fused_linear_sigmoid and its backward, CPU kernels: GEMM (with the bias) through
-// ATen, then the sigmoid in place over the output.
+// ATen, then the sigmoid in place over the output (linear_sigmoid_aten).
 #include <torch/library.h>
 
 #include "../sigmoid/sigmoid.h"
@@ -8,25 +8,10 @@
 namespace customops {
 namespace {
 
-// The same ATen calls as eager F.linear + torch.sigmoid: addmm adds the bias in the
-// GEMM's accumulation (one rounding for 16-bit types, as eager), and ATen's CPU
-// kernels are vectorized for the CPU found at run time (AVX2/AVX-512), which this
-// library, compiled once with generic flags, cannot be. A scalar bias + sigmoid
-// loop here was 20% slower than eager at 1024x1024x1024 on 2 cores (benchmarks/NOTES.md).
-void linear_sigmoid_cpu(
-    const at::Tensor& x2d, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, at::Tensor& out2d) {
-  if (bias.has_value()) {
-    at::addmm_out(out2d, *bias, x2d, weight.t());
-  } else {
-    at::mm_out(out2d, x2d, weight.t());
-  }
-  out2d.sigmoid_();
-}
-
 at::Tensor fused_linear_sigmoid_cpu(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_fused_linear_sigmoid_args(x, weight, bias);
-  return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_cpu);
+  return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_aten);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cpu(

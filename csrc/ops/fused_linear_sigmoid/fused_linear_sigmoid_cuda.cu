@@ -7,8 +7,9 @@
 //   once with bias + sigmoid fused (fused_linear_sigmoid_small_m_cuda.cu);
 // - M >= 512, bf16/fp16, 16-byte-aligned rows, Hopper, library built with
 //   CUTLASS: a CUTLASS sm90a GEMM with bias + sigmoid in its epilogue (sm90/);
-// - otherwise (float32/float64, other GPUs, unaligned rows, mid-size M): cuBLAS
-//   through at::mm on the current stream, then one bias + sigmoid pass.
+// - M >= 512, float32 with TF32 allowed by torch: the CUTLASS Pingpong kernel on TF32;
+// - otherwise (IEEE float32, float64, other GPUs, unaligned rows, mid-size M): eager's
+//   own calls, cuBLAS addmm with the bias in its epilogue, then ATen's sigmoid in place.
 // CUSTOMOPS_FLS_CUDA_KERNEL=<name> forces one kernel (benchmarks and tests; an
 // error if it cannot run the arguments).
 //
@@ -39,6 +40,7 @@ CUSTOMOPS_DECLARE_SM90(coop_256x128_bf16)
 CUSTOMOPS_DECLARE_SM90(coop_256x128_fp16)
 CUSTOMOPS_DECLARE_SM90(coop_128x256_bf16)
 CUSTOMOPS_DECLARE_SM90(coop_128x256_fp16)
+CUSTOMOPS_DECLARE_SM90(pingpong_128x128_tf32)
 #undef CUSTOMOPS_DECLARE_SM90
 }  // namespace sm90
 #endif
@@ -70,10 +72,16 @@ bool sm90_compiled() {
 #endif
 }
 
-bool sm90_supported(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+bool sm90_supported(
+    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   if (!sm90_compiled()) return false;
+  if (k != Kernel::kSm90Pingpong128 && k != Kernel::kSm90Coop256 && k != Kernel::kSm90Coop128x256) return false;
   const auto dtype = x2d.scalar_type();
-  if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
+  // float32 runs on TF32 tensor cores, so only where torch allows TF32 for matmuls
+  // (torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision("high")); Pingpong
+  // is the one configuration built for it (the faster of the two measured, benchmarks/NOTES.md).
+  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS() && k == Kernel::kSm90Pingpong128;
+  if (dtype != at::kBFloat16 && dtype != at::kHalf && !tf32) return false;
   const auto* props = at::cuda::getDeviceProperties(x2d.get_device());
   if (props->major != 9 || props->minor != 0) return false;
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
@@ -92,6 +100,9 @@ void sm90_forward(
     at::Tensor& out2d) {
 #ifdef CUSTOMOPS_WITH_CUTLASS
   const bool bf16 = x2d.scalar_type() == at::kBFloat16;
+  if (x2d.scalar_type() == at::kFloat && k == Kernel::kSm90Pingpong128) {
+    return sm90::run_pingpong_128x128_tf32(x2d, weight, bias, out2d);
+  }
   switch (k) {
     case Kernel::kSm90Pingpong128:
       return bf16 ? sm90::run_pingpong_128x128_bf16(x2d, weight, bias, out2d)
@@ -114,50 +125,6 @@ namespace {
 
 using fls_cuda::Kernel;
 
-// out[r, c] = sigmoid(out[r, c] + bias[c]) over a contiguous (rows, cols)
-// matrix, VEC consecutive elements per access. cols % VEC == 0, so a vector
-// never straddles two rows.
-template <typename scalar_t, int VEC>
-__global__ void bias_sigmoid_kernel(scalar_t* out, const scalar_t* __restrict__ bias, int64_t numel, int64_t cols) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  using vec_t = cuda::AlignedVec<scalar_t, VEC>;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < numel / VEC; i += stride) {
-    const int64_t col = (i * VEC) % cols;
-    vec_t o = reinterpret_cast<vec_t*>(out)[i];
-    const vec_t b = *reinterpret_cast<const vec_t*>(bias + col);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      o.v[j] = static_cast<scalar_t>(sigmoid(static_cast<opmath_t>(o.v[j]) + static_cast<opmath_t>(b.v[j])));
-    }
-    reinterpret_cast<vec_t*>(out)[i] = o;
-  }
-}
-
-void bias_sigmoid_cuda_(at::Tensor& out, const c10::optional<at::Tensor>& bias) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, out.scalar_type(), "customops::fused_linear_sigmoid", [&] {
-        scalar_t* o = out.data_ptr<scalar_t>();
-        const int64_t numel = out.numel();
-        if (!bias.has_value()) {
-          cuda::launch_elementwise<scalar_t, 1>("sigmoid_kernel", o, {o}, numel, SigmoidFn{});
-          return;
-        }
-        const scalar_t* b = bias->const_data_ptr<scalar_t>();
-        const int64_t cols = out.size(1);
-        const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-        constexpr int kVec = cuda::vec_size<scalar_t>();
-        const int threads = cuda::block_size("bias_sigmoid_kernel");
-        if (cols % kVec == 0 && cuda::is_aligned(o, 16) && cuda::is_aligned(b, 16)) {
-          bias_sigmoid_kernel<scalar_t, kVec>
-              <<<cuda::grid_for(numel / kVec), threads, 0, stream>>>(o, b, numel, cols);
-        } else {
-          bias_sigmoid_kernel<scalar_t, 1><<<cuda::grid_for(numel), threads, 0, stream>>>(o, b, numel, cols);
-        }
-        CUSTOMOPS_CUDA_LAUNCH_CHECK("bias_sigmoid_kernel");
-      });
-}
-
 // The kernel that runs these arguments: the forced one, else by shape and dtype.
 Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   if (const char* forced = std::getenv("CUSTOMOPS_FLS_CUDA_KERNEL"); forced != nullptr && *forced != '\0') {
@@ -166,7 +133,7 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
         k.has_value(), "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced,
         " names no kernel; expected generic, small_m, sm90_pingpong_128x128, sm90_coop_256x128 or sm90_coop_128x256");
     const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
-                    (*k != Kernel::kSmallM && fls_cuda::sm90_supported(x2d, weight, bias));
+                    fls_cuda::sm90_supported(*k, x2d, weight, bias);
     TORCH_CHECK(
         ok, "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced, " cannot run x of shape ", shape_str(x2d.sizes()),
         " and dtype ", dtype_name(x2d.scalar_type()), " on this GPU and build");
@@ -178,8 +145,10 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   // (whose epilogue overlaps the other warpgroup's MMAs) elsewhere. In between, the generic path.
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
-  if (M >= 512 && fls_cuda::sm90_supported(x2d, weight, bias)) {
-    return M >= 2048 && K >= 2048 ? Kernel::kSm90Coop128x256 : Kernel::kSm90Pingpong128;
+  if (M >= 512) {
+    const bool large = M >= 2048 && K >= 2048 && x2d.scalar_type() != at::kFloat;
+    const Kernel k = large ? Kernel::kSm90Coop128x256 : Kernel::kSm90Pingpong128;
+    if (fls_cuda::sm90_supported(k, x2d, weight, bias)) return k;
   }
   return Kernel::kGeneric;
 }
@@ -192,8 +161,7 @@ void linear_sigmoid_cuda(
       fls_cuda::small_m_forward(x2d, weight, bias, out2d);
       break;
     case Kernel::kGeneric:
-      at::mm_out(out2d, x2d, weight.t());
-      bias_sigmoid_cuda_(out2d, bias);
+      linear_sigmoid_aten(x2d, weight, bias, out2d);
       break;
     default:
       fls_cuda::sm90_forward(k, x2d, weight, bias, out2d);
@@ -213,6 +181,7 @@ at::Tensor fused_linear_sigmoid_cuda(
 // steps of kRowLanes; partial[by, col] gets its sum (summed over by afterwards,
 // so the result does not depend on timing).
 constexpr int kRowLanes = 8;
+constexpr int kUnroll = 4;
 
 template <typename scalar_t, int VEC>
 __global__ void sigmoid_backward_colsum_kernel(
@@ -225,18 +194,32 @@ __global__ void sigmoid_backward_colsum_kernel(
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColThreads + tx) * VEC;
   float acc[VEC] = {};
   if (col < cols) {
-    for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowLanes + ty; r < rows;
-         r += static_cast<int64_t>(gridDim.y) * kRowLanes) {
-      const int64_t i = r * cols + col;
-      const vec_t g = *reinterpret_cast<const vec_t*>(grad_out + i);
-      const vec_t yv = *reinterpret_cast<const vec_t*>(y + i);
-      vec_t gz;
+    const int64_t step = static_cast<int64_t>(gridDim.y) * kRowLanes;
+    // kUnroll rows' loads are issued before any is used: enough bytes in flight per SM to
+    // reach memory bandwidth (one row at a time reached ~80%).
+    for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowLanes + ty; r0 < rows; r0 += kUnroll * step) {
+      vec_t g[kUnroll], yv[kUnroll];
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        gz.v[j] = static_cast<scalar_t>(sigmoid_backward(static_cast<float>(g.v[j]), static_cast<float>(yv.v[j])));
-        acc[j] += static_cast<float>(gz.v[j]);  // the bias gradient sums the stored (rounded) grad_z, as eager does
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * step;
+        if (r < rows) {
+          g[u] = *reinterpret_cast<const vec_t*>(grad_out + r * cols + col);
+          yv[u] = *reinterpret_cast<const vec_t*>(y + r * cols + col);
+        }
       }
-      *reinterpret_cast<vec_t*>(grad_z + i) = gz;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t r = r0 + u * step;
+        if (r >= rows) break;
+        vec_t gz;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          gz.v[j] = static_cast<scalar_t>(
+              sigmoid_backward(static_cast<float>(g[u].v[j]), static_cast<float>(yv[u].v[j])));
+          acc[j] += static_cast<float>(gz.v[j]);  // the bias gradient sums the stored (rounded) grad_z, as eager does
+        }
+        *reinterpret_cast<vec_t*>(grad_z + r * cols + col) = gz;
+      }
     }
   }
 #pragma unroll
@@ -260,7 +243,7 @@ std::pair<at::Tensor, at::Tensor> sigmoid_backward_and_bias_grad_cuda(
   const at::Tensor g = grad_out2d.contiguous();
   const at::Tensor yc = y2d.contiguous();
   const int vec = 16 / static_cast<int>(yc.element_size());
-  if (!want_bias_grad || yc.scalar_type() == at::kDouble || rows == 0 || cols % vec != 0 ||
+  if (!want_bias_grad || yc.scalar_type() == at::kDouble || rows == 0 || cols == 0 || cols % vec != 0 ||
       !cuda::is_aligned(g.const_data_ptr(), 16) || !cuda::is_aligned(yc.const_data_ptr(), 16)) {
     return {sigmoid_backward_cuda(g, yc), at::Tensor()};
   }
@@ -271,9 +254,11 @@ std::pair<at::Tensor, at::Tensor> sigmoid_backward_and_bias_grad_cuda(
     constexpr int kColsPerBlock = cuda::kThreads / kRowLanes * kVec;
     const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
     const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    // About four blocks per SM, and no more row groups than rows.
+    // About eight blocks per SM (all resident), each with at least kUnroll rows per thread.
     const int64_t row_groups = std::max<int64_t>(
-        1, std::min<int64_t>({(4 * sms + col_blocks - 1) / col_blocks, (rows + kRowLanes - 1) / kRowLanes, 65535}));
+        1, std::min<int64_t>(
+               {(8 * sms + col_blocks - 1) / col_blocks, (rows + kRowLanes * kUnroll - 1) / (kRowLanes * kUnroll),
+                65535}));
     at::Tensor partial = at::empty({row_groups, cols}, yc.options().dtype(at::kFloat));
     sigmoid_backward_colsum_kernel<scalar_t, kVec>
         <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)),

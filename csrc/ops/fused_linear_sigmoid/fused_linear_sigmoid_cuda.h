@@ -11,8 +11,8 @@
 namespace customops {
 namespace fls_cuda {
 
-// The forward kernels. kGeneric (cuBLAS GEMM, then one bias + sigmoid pass) runs
-// everywhere; the others are faster where they apply.
+// The forward kernels. kGeneric (eager's own ATen calls: cuBLAS addmm, then sigmoid in
+// place) runs everywhere; the others are faster where they apply.
 enum class Kernel {
   kGeneric,
   kSmallM,             // M <= 64: weight-streaming tensor-core kernel, bias + sigmoid fused
@@ -31,7 +31,10 @@ void small_m_forward(
 
 // True when the CUTLASS sm90a kernels were compiled into this library.
 bool sm90_compiled();
-bool sm90_supported(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+// Whether CUTLASS kernel k runs these arguments: bf16/fp16, or float32 where torch allows TF32
+// (Pingpong only).
+bool sm90_supported(
+    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 void sm90_forward(
     Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::Tensor& out2d);

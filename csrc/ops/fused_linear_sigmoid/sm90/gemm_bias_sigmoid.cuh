@@ -3,11 +3,12 @@
 // sigmoid before the single store of the output, so the output never makes a
 // second trip through memory.
 //
-// The sigmoid is CUTLASS's own, computed as 0.5 * tanh(z / 2) + 0.5 with the
-// hardware tanh.approx (CUTLASS_USE_TANH_FOR_SIGMOID): one MUFU op per element
-// instead of an exp and an IEEE divide, which measurably slowed the epilogue
-// (issue 4's table). Its error, about 5e-4 absolute, is below bf16/fp16
-// resolution; these kernels serve only 16-bit dtypes.
+// For bf16/fp16 the sigmoid is CUTLASS's own, computed as 0.5 * tanh(z / 2) + 0.5
+// with the hardware tanh.approx (CUTLASS_USE_TANH_FOR_SIGMOID): one MUFU op per
+// element instead of an exp and an IEEE divide, which measurably slowed the
+// epilogue (issue 4's table). Its error, about 5e-4 absolute, is below bf16/fp16
+// resolution. The float32 (TF32 tensor-core) kernels need float accuracy and
+// use SigmoidExpRcp below instead.
 //
 #pragma once
 
@@ -26,22 +27,50 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/util/packed_stride.hpp>
 
+#include <cmath>
 #include <optional>
+#include <type_traits>
 
 namespace customops {
 namespace fls_cuda {
 namespace sm90 {
 
+// sigmoid(z) = 1 / (1 + exp(-z)) to a few float ulp: exp as ex2.approx, the quotient as
+// a multiply by rcp.approx (1 / inf = 0 gives the right limit for z -> -inf).
+template <typename T>
+struct SigmoidExpRcp {
+  CUTLASS_HOST_DEVICE T operator()(T z) const {
+#if defined(__CUDA_ARCH__)
+    return __fdividef(1.f, 1.f + __expf(-z));
+#else
+    return 1.f / (1.f + std::exp(-z));
+#endif
+  }
+};
+template <typename T, int N>
+struct SigmoidExpRcp<cutlass::Array<T, N>> {
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z) const {
+    cutlass::Array<T, N> y;
+    SigmoidExpRcp<T> f;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = f(z[i]);
+    return y;
+  }
+};
+
+// Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
 template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
           typename EpilogueSchedule>
 struct Gemm {
+  template <typename T>
+  using Act = std::conditional_t<std::is_same_v<Element, float>, SigmoidExpRcp<T>,
+                                 cutlass::epilogue::thread::Sigmoid<T>>;
   static constexpr int kAlign = 16 / sizeof(Element);  // TMA: 16-byte rows
   using LayoutA = cutlass::layout::RowMajor;     // x: (M, K), K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // weight (N, K) read as B = weight^T: (K, N)
   using LayoutD = cutlass::layout::RowMajor;     // out: (M, N)
   // D = sigmoid(1 * acc + bias[n]); no C operand.
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-      cutlass::epilogue::thread::Sigmoid, Element, float, Element, Element, float>;
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, Element, float, Element, Element, float>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
