@@ -21,7 +21,9 @@ def fused_linear_sigmoid(x: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
         weight: ``(out_features, in_features)``, any strides.
         bias: ``(out_features,)`` or ``None``.
         All floating tensors of one dtype (float32, float16, bfloat16; float64 for gradcheck) on
-        one device (CPU or CUDA). 16-bit inputs accumulate in float32.
+        one device (CPU or CUDA). 16-bit inputs accumulate in float32. float32 on CUDA uses
+        TF32 tensor cores only where torch allows it for matmuls
+        (``torch.backends.cuda.matmul.allow_tf32``), as ``torch.mm`` does.
 
     Returns:
         A new contiguous tensor of shape ``(*, out_features)`` with ``x``'s dtype and device,

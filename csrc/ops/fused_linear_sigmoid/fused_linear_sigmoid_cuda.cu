@@ -140,9 +140,10 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
     return *k;
   }
   // Thresholds measured on an H200 (benchmarks/NOTES.md, scripts/diag/small_m_tuning.py): the
-  // small-M kernel beats cuBLAS + a bias/sigmoid pass at M <= 8 rows up to N = 8192; from about
-  // 512 rows the CUTLASS epilogue fusion wins, Cooperative 128x256 at large M and K, Pingpong
-  // (whose epilogue overlaps the other warpgroup's MMAs) elsewhere. In between, the generic path.
+  // small-M kernel beats cuBLAS + a second pass at M <= 8 rows up to N = 8192; from about 512
+  // rows the CUTLASS epilogue fusion wins, Cooperative 128x256 at large M and K (16-bit only),
+  // Pingpong (whose epilogue overlaps the other warpgroup's MMAs) elsewhere and for TF32. In
+  // between, the generic path (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M >= 512) {
