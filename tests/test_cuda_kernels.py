@@ -101,6 +101,8 @@ def test_sm90_tf32_kernel(monkeypatch, m, k, n):
 @pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
 def test_sm90_float32_needs_tf32_allowed(monkeypatch):
     # IEEE float32 never runs on the TF32 tensor cores, and only Pingpong has a TF32 build.
+    if not _build_info().get("cutlass_sm90_kernels"):
+        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
     x = torch.randn(512, 64, device="cuda")
     w = torch.randn(128, 64, device="cuda")
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -137,6 +139,37 @@ def test_float32_follows_the_tf32_setting(monkeypatch):
     assert _run("", monkeypatch, 77, 129, 7, torch.float32) <= 5e-4  # cuBLAS TF32
 
 
+def test_float32_follows_the_new_fp32_precision_setting(monkeypatch):
+    # torch >= 2.9's fp32_precision, alone (ATen's legacy allowTF32CuBLAS() throws then): TF32 is
+    # allowed, and on Hopper the default dispatch is the TF32 CUTLASS kernel, bit for bit.
+    owner = torch.backends.cuda.matmul
+    monkeypatch.setattr(owner, "fp32_precision", "tf32")
+    x = torch.randn(512, 256, device="cuda")
+    w = torch.randn(192, 256, device="cuda") / 16
+    b = torch.randn(192, device="cuda")
+    out = customops.fused_linear_sigmoid(x, w, b)
+    ref = torch.sigmoid(F.linear(x.double(), w.double(), b.double()))
+    assert _rel_err(out, ref) <= 5e-4
+    if _is_hopper() and _build_info().get("cutlass_sm90_kernels"):
+        monkeypatch.setenv(ENV, "sm90_pingpong_128x128")
+        assert torch.equal(out, customops.fused_linear_sigmoid(x, w, b))
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.setattr(owner, "fp32_precision", "ieee")
+    assert _rel_err(customops.fused_linear_sigmoid(x, w, b), ref) <= 1e-5
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
+def test_expanded_weight_rows_take_the_generic_path(monkeypatch):
+    # A weight whose rows all alias one row (stride 0) cannot be a TMA operand.
+    x = torch.randn(512, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1, 64, device="cuda", dtype=torch.bfloat16).expand(96, 64)
+    ref = torch.sigmoid(F.linear(x.double(), w.double()))
+    assert _rel_err(customops.fused_linear_sigmoid(x, w), ref) <= 1e-2
+    monkeypatch.setenv(ENV, "sm90_pingpong_128x128")
+    with pytest.raises(RuntimeError, match="cannot run"):
+        customops.fused_linear_sigmoid(x, w)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (40, 96, 72), (100, 64, 64), (512, 512, 512), (33, 30, 7)])
 def test_default_dispatch(monkeypatch, m, k, n, dtype):
@@ -155,7 +188,8 @@ def test_forcing_a_kernel_that_cannot_run_names_it(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows,n", [(1, 8), (5000, 64), (37, 1000), (300, 12)])
+# (70000, 8): several passes of each thread's four-row loop.
+@pytest.mark.parametrize("rows,n", [(1, 8), (5000, 64), (37, 1000), (300, 12), (70000, 8)])
 def test_backward_bias_gradient_pass(rows, n, dtype):
     # The fused sigmoid' + column-sum pass (N a multiple of the vector width) and its fallback.
     k = 24

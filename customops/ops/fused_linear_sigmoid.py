@@ -23,7 +23,8 @@ def fused_linear_sigmoid(x: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
         All floating tensors of one dtype (float32, float16, bfloat16; float64 for gradcheck) on
         one device (CPU or CUDA). 16-bit inputs accumulate in float32. float32 on CUDA uses
         TF32 tensor cores only where torch allows it for matmuls
-        (``torch.backends.cuda.matmul.allow_tf32``), as ``torch.mm`` does.
+        (``torch.backends.cuda.matmul.fp32_precision = "tf32"``, ``allow_tf32`` or
+        ``torch.set_float32_matmul_precision("high")``), as ``torch.mm`` does.
 
     Returns:
         A new contiguous tensor of shape ``(*, out_features)`` with ``x``'s dtype and device,

@@ -77,17 +77,22 @@ bool sm90_supported(
   if (!sm90_compiled()) return false;
   if (k != Kernel::kSm90Pingpong128 && k != Kernel::kSm90Coop256 && k != Kernel::kSm90Coop128x256) return false;
   const auto dtype = x2d.scalar_type();
-  // float32 runs on TF32 tensor cores, so only where torch allows TF32 for matmuls
-  // (torch.backends.cuda.matmul.allow_tf32 / set_float32_matmul_precision("high")); Pingpong
-  // is the one configuration built for it (the faster of the two measured, benchmarks/NOTES.md).
-  const bool tf32 = dtype == at::kFloat && at::globalContext().allowTF32CuBLAS() && k == Kernel::kSm90Pingpong128;
+  // float32 runs on TF32 tensor cores, so only where torch would use TF32 for this matmul: the
+  // test ATen's cuBLAS path makes (any of torch.backends.cuda.matmul.fp32_precision,
+  // torch.backends.fp32_precision, allow_tf32, set_float32_matmul_precision; at::NoTF32Guard).
+  // allowTF32CuBLAS() is not used: it throws when the legacy and the new settings disagree.
+  // Pingpong is the one configuration built for it (the faster of two measured, benchmarks/NOTES.md).
+  const bool tf32 = dtype == at::kFloat && k == Kernel::kSm90Pingpong128 && !at::NoTF32Guard::should_disable_tf32() &&
+                    at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+                        at::Float32Precision::TF32;
   if (dtype != at::kBFloat16 && dtype != at::kHalf && !tf32) return false;
   const auto* props = at::cuda::getDeviceProperties(x2d.get_device());
   if (props->major != 9 || props->minor != 0) return false;
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   // TMA: 16-byte-aligned base addresses and row strides; int32 problem sizes.
-  const auto rows_ok = [](const at::Tensor& t) {
-    return t.stride(1) == 1 && t.stride(0) % 8 == 0 && cuda::is_aligned(t.const_data_ptr(), 16);
+  const auto rows_ok = [](const at::Tensor& t) {  // stride(0) >= size(1): no expanded (stride 0) rows
+    return t.stride(1) == 1 && t.stride(0) % 8 == 0 && t.stride(0) >= t.size(1) &&
+           cuda::is_aligned(t.const_data_ptr(), 16);
   };
   if (K % 8 != 0 || N % 8 != 0 || K == 0) return false;
   if (M >= (int64_t{1} << 31) || N >= (int64_t{1} << 31) || K >= (int64_t{1} << 31)) return false;
@@ -100,7 +105,8 @@ void sm90_forward(
     at::Tensor& out2d) {
 #ifdef CUSTOMOPS_WITH_CUTLASS
   const bool bf16 = x2d.scalar_type() == at::kBFloat16;
-  if (x2d.scalar_type() == at::kFloat && k == Kernel::kSm90Pingpong128) {
+  if (x2d.scalar_type() == at::kFloat) {
+    TORCH_CHECK(k == Kernel::kSm90Pingpong128, "customops: internal error: ", kernel_name(k), " has no TF32 build");
     return sm90::run_pingpong_128x128_tf32(x2d, weight, bias, out2d);
   }
   switch (k) {
@@ -255,7 +261,7 @@ std::pair<at::Tensor, at::Tensor> sigmoid_backward_and_bias_grad_cuda(
     constexpr int kColsPerBlock = cuda::kThreads / kRowLanes * kVec;
     const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
     const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    // About eight blocks per SM (all resident), each with at least kUnroll rows per thread.
+    // About eight blocks per SM, each with at least kUnroll rows per thread.
     const int64_t row_groups = std::max<int64_t>(
         1, std::min<int64_t>(
                {(8 * sms + col_blocks - 1) / col_blocks, (rows + kRowLanes * kUnroll - 1) / (kRowLanes * kUnroll),

@@ -16,7 +16,7 @@ namespace fls_cuda {
 enum class Kernel {
   kGeneric,
   kSmallM,             // M <= 64: weight-streaming tensor-core kernel, bias + sigmoid fused
-  kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64, bias + sigmoid in the epilogue
+  kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64 (TF32: x32), bias + sigmoid in the epilogue
   kSm90Coop256,        // CUTLASS sm90a, Cooperative 256x128x64
   kSm90Coop128x256,    // CUTLASS sm90a, Cooperative 128x256x64
 };
