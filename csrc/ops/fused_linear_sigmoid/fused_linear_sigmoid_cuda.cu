@@ -153,9 +153,12 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M >= 512) {
-    const bool large = M >= 2048 && K >= 2048 && x2d.scalar_type() != at::kFloat;
-    const Kernel k = large ? Kernel::kSm90Coop128x256 : Kernel::kSm90Pingpong128;
-    if (fls_cuda::sm90_supported(k, x2d, weight, bias)) return k;
+    // sm90_supported decides per kernel (dtype, TF32 setting, alignment): Cooperative 128x256
+    // where it can run these arguments at large M and K, else Pingpong.
+    for (Kernel k : {Kernel::kSm90Coop128x256, Kernel::kSm90Pingpong128}) {
+      if (k == Kernel::kSm90Coop128x256 && (M < 2048 || K < 2048)) continue;
+      if (fls_cuda::sm90_supported(k, x2d, weight, bias)) return k;
+    }
   }
   return Kernel::kGeneric;
 }

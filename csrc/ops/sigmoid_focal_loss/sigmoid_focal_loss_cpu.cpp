@@ -74,27 +74,21 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     c10::string_view reduction, std::array<bool, 2> output_mask) {
   const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, gamma, reduction);
-  FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
-  at::Tensor& grad_inputs = b.grad_inputs;
-  at::Tensor& grad_targets = b.grad_targets;
-  if (b.done) return {grad_inputs, grad_targets};
-  const at::Tensor& x = b.x;
-  const at::Tensor& t = b.t;
-  const FocalGradOut& go = b.go;
-  const int64_t n = b.n;
+  const FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
+  if (b.done) return {b.grad_inputs, b.grad_targets};
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss_backward", [&] {
+      at::kHalf, at::kBFloat16, b.x.scalar_type(), "customops::sigmoid_focal_loss_backward", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
         const auto prm = focal_loss_params<opmath_t>(alpha, gamma);
         const opmath_t scale = static_cast<opmath_t>(b.scale);
-        const scalar_t* gop = go.tensor.const_data_ptr<scalar_t>();
-        const bool go_scalar = go.scalar;
+        const scalar_t* gop = b.go.tensor.const_data_ptr<scalar_t>();
+        const bool go_scalar = b.go.scalar;
         const opmath_t g0 = go_scalar ? static_cast<opmath_t>(gop[0]) * scale : opmath_t(0);
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
-        const scalar_t* tp = t.const_data_ptr<scalar_t>();
-        scalar_t* gx = output_mask[0] ? grad_inputs.data_ptr<scalar_t>() : nullptr;
-        scalar_t* gt = output_mask[1] ? grad_targets.data_ptr<scalar_t>() : nullptr;
-        at::parallel_for(0, n, cpu::kGrainSize / 8, [&](int64_t begin, int64_t end) {
+        const scalar_t* xp = b.x.const_data_ptr<scalar_t>();
+        const scalar_t* tp = b.t.const_data_ptr<scalar_t>();
+        scalar_t* gx = output_mask[0] ? b.grad_inputs.data_ptr<scalar_t>() : nullptr;
+        scalar_t* gt = output_mask[1] ? b.grad_targets.data_ptr<scalar_t>() : nullptr;
+        at::parallel_for(0, b.n, cpu::kGrainSize / 8, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
             const opmath_t xi = static_cast<opmath_t>(xp[i]);
             const opmath_t ti = static_cast<opmath_t>(tp[i]);
@@ -105,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cpu(
           }
         });
       });
-  return {grad_inputs, grad_targets};
+  return {b.grad_inputs, b.grad_targets};
 }
 
 }  // namespace

@@ -209,33 +209,27 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cuda(
     c10::string_view reduction, std::array<bool, 2> output_mask) {
   const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, gamma, reduction);
   const c10::cuda::CUDAGuard device_guard(inputs.device());
-  FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
-  at::Tensor& grad_inputs = b.grad_inputs;
-  at::Tensor& grad_targets = b.grad_targets;
-  if (b.done) return {grad_inputs, grad_targets};
-  const at::Tensor& x = b.x;
-  const at::Tensor& t = b.t;
-  const FocalGradOut& go = b.go;
-  const int64_t n = b.n;
+  const FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
+  if (b.done) return {b.grad_inputs, b.grad_targets};
   AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss_backward", [&] {
+      at::kHalf, at::kBFloat16, b.x.scalar_type(), "customops::sigmoid_focal_loss_backward", [&] {
         using opmath_t = at::opmath_type<scalar_t>;
         const auto prm = focal_loss_params<opmath_t>(alpha, gamma);
         const opmath_t scale = static_cast<opmath_t>(b.scale);
-        const scalar_t* gop = go.tensor.const_data_ptr<scalar_t>();
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
-        const scalar_t* tp = t.const_data_ptr<scalar_t>();
-        scalar_t* gx = output_mask[0] ? grad_inputs.data_ptr<scalar_t>() : nullptr;
-        scalar_t* gt = output_mask[1] ? grad_targets.data_ptr<scalar_t>() : nullptr;
+        const scalar_t* gop = b.go.tensor.const_data_ptr<scalar_t>();
+        const scalar_t* xp = b.x.const_data_ptr<scalar_t>();
+        const scalar_t* tp = b.t.const_data_ptr<scalar_t>();
+        scalar_t* gx = output_mask[0] ? b.grad_inputs.data_ptr<scalar_t>() : nullptr;
+        scalar_t* gt = output_mask[1] ? b.grad_targets.data_ptr<scalar_t>() : nullptr;
         if (output_mask[0] && output_mask[1]) {
-          launch_backward<scalar_t, true, true>(gop, go.scalar, scale, xp, tp, gx, gt, n, prm);
+          launch_backward<scalar_t, true, true>(gop, b.go.scalar, scale, xp, tp, gx, gt, b.n, prm);
         } else if (output_mask[0]) {
-          launch_backward<scalar_t, true, false>(gop, go.scalar, scale, xp, tp, gx, gt, n, prm);
+          launch_backward<scalar_t, true, false>(gop, b.go.scalar, scale, xp, tp, gx, gt, b.n, prm);
         } else {
-          launch_backward<scalar_t, false, true>(gop, go.scalar, scale, xp, tp, gx, gt, n, prm);
+          launch_backward<scalar_t, false, true>(gop, b.go.scalar, scale, xp, tp, gx, gt, b.n, prm);
         }
       });
-  return {grad_inputs, grad_targets};
+  return {b.grad_inputs, b.grad_targets};
 }
 
 }  // namespace
