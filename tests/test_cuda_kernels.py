@@ -19,7 +19,7 @@ import customops
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 ENV = "CUSTOMOPS_FLS_CUDA_KERNEL"
-SM90_KERNELS = ["sm90_pingpong_128x128", "sm90_coop_256x128", "sm90_coop_128x256"]
+SM90_KERNELS = ["sm90_pingpong_128x128", "sm90_pingpong_128x128_epi64", "sm90_coop_128x256"]
 
 
 def _build_info():
@@ -110,7 +110,7 @@ def test_sm90_float32_needs_tf32_allowed(monkeypatch):
     with pytest.raises(RuntimeError, match="CUSTOMOPS_FLS_CUDA_KERNEL=sm90_pingpong_128x128 cannot run"):
         customops.fused_linear_sigmoid(x, w)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    for kernel in ["sm90_coop_256x128", "sm90_coop_128x256"]:
+    for kernel in ["sm90_pingpong_128x128_epi64", "sm90_coop_128x256"]:
         monkeypatch.setenv(ENV, kernel)
         with pytest.raises(RuntimeError, match=f"CUSTOMOPS_FLS_CUDA_KERNEL={kernel} cannot run"):
             customops.fused_linear_sigmoid(x, w)

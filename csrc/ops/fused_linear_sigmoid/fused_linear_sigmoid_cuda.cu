@@ -36,8 +36,8 @@ namespace sm90 {
                   at::Tensor& out2d);
 CUSTOMOPS_DECLARE_SM90(pingpong_128x128_bf16)
 CUSTOMOPS_DECLARE_SM90(pingpong_128x128_fp16)
-CUSTOMOPS_DECLARE_SM90(coop_256x128_bf16)
-CUSTOMOPS_DECLARE_SM90(coop_256x128_fp16)
+CUSTOMOPS_DECLARE_SM90(pingpong_128x128_epi64_bf16)
+CUSTOMOPS_DECLARE_SM90(pingpong_128x128_epi64_fp16)
 CUSTOMOPS_DECLARE_SM90(coop_128x256_bf16)
 CUSTOMOPS_DECLARE_SM90(coop_128x256_fp16)
 CUSTOMOPS_DECLARE_SM90(pingpong_128x128_tf32)
@@ -50,14 +50,14 @@ const char* kernel_name(Kernel k) {
     case Kernel::kGeneric: return "generic";
     case Kernel::kSmallM: return "small_m";
     case Kernel::kSm90Pingpong128: return "sm90_pingpong_128x128";
-    case Kernel::kSm90Coop256: return "sm90_coop_256x128";
+    case Kernel::kSm90Pingpong128Epi64: return "sm90_pingpong_128x128_epi64";
     case Kernel::kSm90Coop128x256: return "sm90_coop_128x256";
   }
   return "unknown";
 }
 
 std::optional<Kernel> kernel_from_name(const std::string& name) {
-  for (Kernel k : {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128, Kernel::kSm90Coop256,
+  for (Kernel k : {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128, Kernel::kSm90Pingpong128Epi64,
                    Kernel::kSm90Coop128x256}) {
     if (name == kernel_name(k)) return k;
   }
@@ -75,7 +75,9 @@ bool sm90_compiled() {
 bool sm90_supported(
     Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   if (!sm90_compiled()) return false;
-  if (k != Kernel::kSm90Pingpong128 && k != Kernel::kSm90Coop256 && k != Kernel::kSm90Coop128x256) return false;
+  if (k != Kernel::kSm90Pingpong128 && k != Kernel::kSm90Pingpong128Epi64 && k != Kernel::kSm90Coop128x256) {
+    return false;
+  }
   const auto dtype = x2d.scalar_type();
   // float32 runs on TF32 tensor cores, so only where torch would use TF32 for this matmul: the
   // test ATen's cuBLAS path makes (any of torch.backends.cuda.matmul.fp32_precision,
@@ -113,9 +115,9 @@ void sm90_forward(
     case Kernel::kSm90Pingpong128:
       return bf16 ? sm90::run_pingpong_128x128_bf16(x2d, weight, bias, out2d)
                   : sm90::run_pingpong_128x128_fp16(x2d, weight, bias, out2d);
-    case Kernel::kSm90Coop256:
-      return bf16 ? sm90::run_coop_256x128_bf16(x2d, weight, bias, out2d)
-                  : sm90::run_coop_256x128_fp16(x2d, weight, bias, out2d);
+    case Kernel::kSm90Pingpong128Epi64:
+      return bf16 ? sm90::run_pingpong_128x128_epi64_bf16(x2d, weight, bias, out2d)
+                  : sm90::run_pingpong_128x128_epi64_fp16(x2d, weight, bias, out2d);
     case Kernel::kSm90Coop128x256:
       return bf16 ? sm90::run_coop_128x256_bf16(x2d, weight, bias, out2d)
                   : sm90::run_coop_128x256_fp16(x2d, weight, bias, out2d);
@@ -137,7 +139,7 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
     const auto k = fls_cuda::kernel_from_name(forced);
     TORCH_CHECK(
         k.has_value(), "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced,
-        " names no kernel; expected generic, small_m, sm90_pingpong_128x128, sm90_coop_256x128 or sm90_coop_128x256");
+        " names no kernel; expected generic, small_m, sm90_pingpong_128x128, sm90_pingpong_128x128_epi64 or sm90_coop_128x256");
     const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
                     fls_cuda::sm90_supported(*k, x2d, weight, bias);
     TORCH_CHECK(
@@ -145,18 +147,21 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
         " and dtype ", dtype_name(x2d.scalar_type()), " on this GPU and build");
     return *k;
   }
-  // Thresholds measured on an H200 (benchmarks/NOTES.md, scripts/diag/small_m_tuning.py): the
-  // small-M kernel beats cuBLAS + a second pass at M <= 8 rows up to N = 8192; from about 512
-  // rows the CUTLASS epilogue fusion wins, Cooperative 128x256 at large M and K (16-bit only),
-  // Pingpong (whose epilogue overlaps the other warpgroup's MMAs) elsewhere and for TF32. In
-  // between, the generic path (eager's own calls).
+  // Thresholds measured on an H200 (benchmarks/NOTES.md; scripts/diag/small_m_tuning.py and
+  // sm90_variants.py): the small-M kernel beats cuBLAS + a second pass at M <= 8 rows up to
+  // N = 8192; from about 512 rows the CUTLASS epilogue fusion wins. There, Pingpong (whose
+  // epilogue overlaps the other warpgroup's MMAs), with the wider epilogue tile at K <= 512
+  // (16-bit only), and Cooperative 128x256 for outputs of at most 4096x4096 at large M and K
+  // (16-bit only; Pingpong was faster at 16384x4096x4096). In between, the generic path
+  // (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M >= 512) {
-    // sm90_supported decides per kernel (dtype, TF32 setting, alignment): Cooperative 128x256
-    // where it can run these arguments at large M and K, else Pingpong.
-    for (Kernel k : {Kernel::kSm90Coop128x256, Kernel::kSm90Pingpong128}) {
-      if (k == Kernel::kSm90Coop128x256 && (M < 2048 || K < 2048)) continue;
+    // sm90_supported decides per kernel (dtype, TF32 setting, alignment); the first that can
+    // run these arguments wins.
+    for (Kernel k : {Kernel::kSm90Pingpong128Epi64, Kernel::kSm90Coop128x256, Kernel::kSm90Pingpong128}) {
+      if (k == Kernel::kSm90Pingpong128Epi64 && K > 512) continue;
+      if (k == Kernel::kSm90Coop128x256 && (M < 2048 || K < 2048 || M * N > (int64_t{1} << 24))) continue;
       if (fls_cuda::sm90_supported(k, x2d, weight, bias)) return k;
     }
   }

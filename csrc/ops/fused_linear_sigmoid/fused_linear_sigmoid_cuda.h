@@ -17,7 +17,7 @@ enum class Kernel {
   kGeneric,
   kSmallM,             // M <= 64: weight-streaming tensor-core kernel, bias + sigmoid fused
   kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64 (TF32: x32), bias + sigmoid in the epilogue
-  kSm90Coop256,        // CUTLASS sm90a, Cooperative 256x128x64
+  kSm90Pingpong128Epi64,  // the same with a 64x64 epilogue tile (16-bit only), for K <= 512
   kSm90Coop128x256,    // CUTLASS sm90a, Cooperative 128x256x64
 };
 

@@ -59,13 +59,20 @@ struct SigmoidExpRcp<cutlass::Array<T, N>> {
   }
 };
 
-// Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
-template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
-          typename EpilogueSchedule>
-struct Gemm {
+// The sigmoid per element type: float (TF32) needs SigmoidExpRcp's accuracy.
+template <typename Element>
+struct DefaultSigmoid {
   template <typename T>
-  using Act = std::conditional_t<std::is_same_v<Element, float>, SigmoidExpRcp<T>,
-                                 cutlass::epilogue::thread::Sigmoid<T>>;
+  using type = std::conditional_t<std::is_same_v<Element, float>, SigmoidExpRcp<T>,
+                                  cutlass::epilogue::thread::Sigmoid<T>>;
+};
+
+// Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
+// EpilogueTile and Act are left at their defaults by the library's kernels; scripts/diag varies them.
+template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
+          typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto,
+          template <typename> class Act = DefaultSigmoid<Element>::template type>
+struct Gemm {
   static constexpr int kAlign = 16 / sizeof(Element);  // TMA: 16-byte rows
   using LayoutA = cutlass::layout::RowMajor;     // x: (M, K), K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // weight (N, K) read as B = weight^T: (K, N)
@@ -75,7 +82,7 @@ struct Gemm {
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD, kAlign, Element, LayoutD,
+      EpilogueTile, float, float, void, LayoutD, kAlign, Element, LayoutD,
       kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -89,42 +96,47 @@ struct Gemm {
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
+// The kernel's arguments from raw pointers and row strides (in elements); bias may be null.
+// Shared by run() below and the variant timings in scripts/diag.
+template <typename G, typename Element>
+typename G::Adapter::Arguments make_arguments(const Element* x, int64_t ldx, const Element* w, int64_t ldw,
+                                              const Element* bias, Element* out, int64_t ldo, int M, int N, int K,
+                                              int device_id, int sm_count) {
+  using Kernel = typename G::Adapter::GemmKernel;
+  typename Kernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(M, K, 1));
+  cute::get<0>(stride_a) = ldx;
+  typename Kernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(N, K, 1));
+  cute::get<0>(stride_b) = ldw;
+  const typename Kernel::StrideC stride_c =
+      cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, cute::make_shape(M, N, 1));
+  typename Kernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, cute::make_shape(M, N, 1));
+  cute::get<0>(stride_d) = ldo;
+
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = device_id;
+  hw_info.sm_count = sm_count;
+  typename G::Adapter::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1}, {x, stride_a, w, stride_b},
+      {{}, nullptr, stride_c, out, stride_d}, hw_info};
+  args.epilogue.thread.alpha = 1.f;
+  args.epilogue.thread.beta = 0.f;
+  // Without a bias the broadcast reads its null value (0) instead of memory.
+  args.epilogue.thread.bias_ptr = bias;
+  return args;
+}
+
 // Runs one configuration on the current stream. Arguments passed sm90_supported().
 template <typename G, typename Element>
 void run(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d,
          const char* name) {
   using Adapter = typename G::Adapter;
-  using StrideA = typename Adapter::GemmKernel::StrideA;
-  using StrideB = typename Adapter::GemmKernel::StrideB;
-  using StrideC = typename Adapter::GemmKernel::StrideC;
-  using StrideD = typename Adapter::GemmKernel::StrideD;
-  const int M = static_cast<int>(x2d.size(0));
-  const int K = static_cast<int>(x2d.size(1));
-  const int N = static_cast<int>(weight.size(0));
-
-  StrideA stride_a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(M, K, 1));
-  cute::get<0>(stride_a) = x2d.stride(0);
-  StrideB stride_b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(N, K, 1));
-  cute::get<0>(stride_b) = weight.stride(0);
-  const StrideC stride_c = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(M, N, 1));
-  StrideD stride_d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(M, N, 1));
-  cute::get<0>(stride_d) = out2d.stride(0);
-
-  cutlass::KernelHardwareInfo hw_info;
-  hw_info.device_id = x2d.get_device();
-  hw_info.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-
-  typename Adapter::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {M, N, K, 1},
-      {static_cast<const Element*>(x2d.const_data_ptr()), stride_a,
-       static_cast<const Element*>(weight.const_data_ptr()), stride_b},
-      {{}, nullptr, stride_c, static_cast<Element*>(out2d.data_ptr()), stride_d},
-      hw_info};
-  args.epilogue.thread.alpha = 1.f;
-  args.epilogue.thread.beta = 0.f;
-  // Without a bias the broadcast reads its null value (0) instead of memory.
-  args.epilogue.thread.bias_ptr = bias.has_value() ? static_cast<const Element*>(bias->const_data_ptr()) : nullptr;
+  const auto args = make_arguments<G, Element>(
+      static_cast<const Element*>(x2d.const_data_ptr()), x2d.stride(0),
+      static_cast<const Element*>(weight.const_data_ptr()), weight.stride(0),
+      bias.has_value() ? static_cast<const Element*>(bias->const_data_ptr()) : nullptr,
+      static_cast<Element*>(out2d.data_ptr()), out2d.stride(0), static_cast<int>(x2d.size(0)),
+      static_cast<int>(weight.size(0)), static_cast<int>(x2d.size(1)), x2d.get_device(),
+      at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
 
   Adapter gemm;
   TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "customops: CUTLASS kernel ", name,
@@ -143,15 +155,15 @@ void run(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at
 }  // namespace customops
 
 // One configuration and dtype per translation unit (sm90/*.cu), so that the build compiles
-// them in parallel: defines fls_cuda::sm90::run_NAME(x2d, weight, bias, out2d).
-#define CUSTOMOPS_FLS_SM90_KERNEL(NAME, ELEMENT, TILE, CLUSTER, MAINLOOP, EPILOGUE)                                \
+// them in parallel: defines fls_cuda::sm90::run_NAME(x2d, weight, bias, out2d). The arguments
+// after ELEMENT are Gemm's: tile, cluster, mainloop and epilogue schedules[, epilogue tile].
+#define CUSTOMOPS_FLS_SM90_KERNEL(NAME, ELEMENT, ...)                                                              \
   namespace customops {                                                                                           \
   namespace fls_cuda {                                                                                            \
   namespace sm90 {                                                                                                \
   void run_##NAME(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,         \
                   at::Tensor& out2d) {                                                                            \
-    run<Gemm<ELEMENT, TILE, CLUSTER, MAINLOOP, EPILOGUE>, ELEMENT>(x2d, weight, bias, out2d,                      \
-                                                                   "fused_linear_sigmoid_sm90_" #NAME);           \
+    run<Gemm<ELEMENT, __VA_ARGS__>, ELEMENT>(x2d, weight, bias, out2d, "fused_linear_sigmoid_sm90_" #NAME);       \
   }                                                                                                               \
   }                                                                                                               \
   }                                                                                                               \

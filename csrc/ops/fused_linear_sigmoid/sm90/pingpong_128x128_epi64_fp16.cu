@@ -1,0 +1,15 @@
+// Pingpong 128x128 with a 64x64 epilogue tile (the default is 64x32): half the epilogue's
+// subtiles, each a shared-memory round trip and a TMA store. It wins where the epilogue is
+// large against the main loop (K <= 512) and loses from K = 1024, where the larger epilogue
+// buffer costs a main-loop stage (scripts/diag/sm90_variants.py, benchmarks/NOTES.md).
+#include "gemm_bias_sigmoid.cuh"
+
+namespace customops::fls_cuda::sm90::pingpong_128x128_epi64_fp16 {
+using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
+using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+using EpilogueTile = cute::Shape<cute::_64, cute::_64>;
+}  // namespace customops::fls_cuda::sm90::pingpong_128x128_epi64_fp16
+
+CUSTOMOPS_FLS_SM90_KERNEL(pingpong_128x128_epi64_fp16, cutlass::half_t, pingpong_128x128_epi64_fp16::Tile,
+                          pingpong_128x128_epi64_fp16::Cluster, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                          cutlass::epilogue::TmaWarpSpecialized, pingpong_128x128_epi64_fp16::EpilogueTile)
