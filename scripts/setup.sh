@@ -17,7 +17,7 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=64" wheel
+"$VENV/bin/python" -m pip install -q --upgrade pip "setuptools>=77" wheel
 "$VENV/bin/python" -m pip install -q "$TORCH_SPEC" ninja numpy
 # CUTLASS headers for the Hopper GEMM kernels: a build dependency only. --no-deps: the package's
 # Python code generator (and its dependencies) is not used, only the C++ headers it carries.
