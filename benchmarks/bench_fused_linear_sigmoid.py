@@ -46,11 +46,15 @@ def do_bench(fn, rep=100) -> float:
 def bench_round_robin(impls, rounds=3):
     """Median over `rounds` passes that each time every implementation once, in turn: on a
     power-limited GPU the clock drifts within a run, and timing each implementation in one
-    block would favour whichever ran first."""
-    times = {name: [] for name in impls}
-    for _ in range(rounds):
-        for name, fn in impls.items():
-            times[name].append(do_bench(fn, rep=25))
+    block would favour whichever ran first. Each pass starts one implementation further on,
+    so that no implementation always runs at the same point of a pass (a fixed order showed a
+    few percent of position effect: benchmarks/NOTES.md, "Sixth session")."""
+    names = list(impls)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        start = r * max(1, len(names) // rounds)
+        for name in names[start % len(names):] + names[:start % len(names)]:
+            times[name].append(do_bench(impls[name], rep=25))
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
@@ -324,7 +328,7 @@ def main(argv=None):
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
         f"Measured ceilings in this run: {peak_tflops:.0f} TFLOP/s (bf16 8192³ matmul), {peak_tbs:.2f} TB/s "
         f"(2 GiB device-to-device copy, read + write). Times: medians, µs, CUDA events, L2 flushed "
-        f"(triton.testing.do_bench), implementations timed in turn, median of 3 rounds. Floor = max(FLOPs / rate, bytes / bandwidth).\n"
+        f"(triton.testing.do_bench), implementations timed in turn (each round from a different start), median of 3 rounds. Floor = max(FLOPs / rate, bytes / bandwidth).\n"
     )
     all_modes = ["default"]
     parts = [header]
