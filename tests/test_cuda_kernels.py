@@ -73,7 +73,7 @@ def test_small_m_kernel_strided_rows_and_no_bias(monkeypatch, x_layout, w_layout
     assert err <= 1e-2
 
 
-SM90_SHAPES = [  # tile edges of 128x128, 256x128 and 128x256 tiles, K below and off the 64-wide k tile
+SM90_SHAPES = [  # edges of 128x128 and 128x256 tiles and of 64x64/64x32 epilogue tiles, K below and off the 64-wide k tile
     (65, 8, 8), (128, 64, 128), (129, 72, 136), (300, 200, 264), (1000, 1024, 1000), (257, 4096, 512),
     (4096, 256, 2048),
 ]
@@ -117,8 +117,9 @@ def test_sm90_float32_needs_tf32_allowed(monkeypatch):
 
 
 @pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
-def test_sm90_kernel_strided_rows(monkeypatch):
-    assert _run("sm90_pingpong_128x128", monkeypatch, 200, 256, 136, torch.bfloat16, x_layout="row_stride",
+@pytest.mark.parametrize("kernel", SM90_KERNELS)
+def test_sm90_kernel_strided_rows(monkeypatch, kernel):
+    assert _run(kernel, monkeypatch, 200, 256, 136, torch.bfloat16, x_layout="row_stride",
                 w_layout="row_stride") <= 1e-2
 
 
@@ -141,7 +142,9 @@ def test_float32_follows_the_tf32_setting(monkeypatch):
 
 def test_float32_follows_the_new_fp32_precision_setting(monkeypatch):
     # torch >= 2.9's fp32_precision, alone (ATen's legacy allowTF32CuBLAS() throws then): TF32 is
-    # allowed, and on Hopper the default dispatch is the TF32 CUTLASS kernel, bit for bit.
+    # allowed, and on Hopper the default dispatch is the TF32 CUTLASS kernel, bit for bit. K = 256 is
+    # also where 16-bit inputs take the 64x64-epilogue kernel, which has no TF32 build: float32 must
+    # fall through to Pingpong (the dispatch would raise an internal error otherwise).
     owner = torch.backends.cuda.matmul
     monkeypatch.setattr(owner, "fp32_precision", "tf32")
     x = torch.randn(512, 256, device="cuda")
@@ -183,7 +186,7 @@ def test_forcing_a_kernel_that_cannot_run_names_it(monkeypatch):
     with pytest.raises(RuntimeError, match="CUSTOMOPS_FLS_CUDA_KERNEL=small_m cannot run"):
         customops.fused_linear_sigmoid(x, w)
     monkeypatch.setenv(ENV, "fastest")
-    with pytest.raises(RuntimeError, match="names no kernel"):
+    with pytest.raises(RuntimeError, match="names no kernel; expected one of generic, small_m, sm90_pingpong_128x128, "):
         customops.fused_linear_sigmoid(x, w)
 
 

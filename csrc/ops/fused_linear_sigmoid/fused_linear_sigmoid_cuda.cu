@@ -56,12 +56,20 @@ const char* kernel_name(Kernel k) {
   return "unknown";
 }
 
+constexpr Kernel kAllKernels[] = {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128,
+                                   Kernel::kSm90Pingpong128Epi64, Kernel::kSm90Coop128x256};
+
 std::optional<Kernel> kernel_from_name(const std::string& name) {
-  for (Kernel k : {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128, Kernel::kSm90Pingpong128Epi64,
-                   Kernel::kSm90Coop128x256}) {
+  for (Kernel k : kAllKernels) {
     if (name == kernel_name(k)) return k;
   }
   return std::nullopt;
+}
+
+std::string kernel_names() {
+  std::string names;
+  for (Kernel k : kAllKernels) names += std::string(names.empty() ? "" : ", ") + kernel_name(k);
+  return names;
 }
 
 bool sm90_compiled() {
@@ -139,7 +147,7 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
     const auto k = fls_cuda::kernel_from_name(forced);
     TORCH_CHECK(
         k.has_value(), "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced,
-        " names no kernel; expected generic, small_m, sm90_pingpong_128x128, sm90_pingpong_128x128_epi64 or sm90_coop_128x256");
+        " names no kernel; expected one of ", fls_cuda::kernel_names());
     const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
                     fls_cuda::sm90_supported(*k, x2d, weight, bias);
     TORCH_CHECK(
@@ -152,8 +160,8 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   // N = 8192; from about 512 rows the CUTLASS epilogue fusion wins. There, Pingpong (whose
   // epilogue overlaps the other warpgroup's MMAs), with the wider epilogue tile at K <= 512
   // (16-bit only), and Cooperative 128x256 for outputs of at most 4096x4096 at large M and K
-  // (16-bit only; Pingpong was faster at 16384x4096x4096). In between, the generic path
-  // (eager's own calls).
+  // (16-bit only; Pingpong was faster at 16384x4096x4096, at 4096^3 the runs disagree), at least
+  // one 256-wide tile across. In between, the generic path (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M >= 512) {
@@ -161,7 +169,7 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
     // run these arguments wins.
     for (Kernel k : {Kernel::kSm90Pingpong128Epi64, Kernel::kSm90Coop128x256, Kernel::kSm90Pingpong128}) {
       if (k == Kernel::kSm90Pingpong128Epi64 && K > 512) continue;
-      if (k == Kernel::kSm90Coop128x256 && (M < 2048 || K < 2048 || M * N > (int64_t{1} << 24))) continue;
+      if (k == Kernel::kSm90Coop128x256 && (M < 2048 || K < 2048 || N < 256 || M * N > (int64_t{1} << 24))) continue;
       if (fls_cuda::sm90_supported(k, x2d, weight, bias)) return k;
     }
   }

@@ -23,6 +23,7 @@ enum class Kernel {
 
 const char* kernel_name(Kernel k);
 std::optional<Kernel> kernel_from_name(const std::string& name);
+std::string kernel_names();  // every name kernel_from_name accepts, comma-separated (for messages)
 
 // x2d: (M, K); weight: (N, K); bias: (N,) contiguous or absent; out2d: (M, N) contiguous.
 bool small_m_supported(const at::Tensor& x2d, const at::Tensor& weight);

@@ -68,7 +68,8 @@ struct DefaultSigmoid {
 };
 
 // Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
-// EpilogueTile and Act are left at their defaults by the library's kernels; scripts/diag varies them.
+// EpilogueTile: CUTLASS's automatic choice unless a kernel names one (pingpong_128x128_epi64_*.cu);
+// Act is left at its default by the library's kernels. scripts/diag/sm90_variants.cu varies both.
 template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
           typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto,
           template <typename> class Act = DefaultSigmoid<Element>::template type>

@@ -1,0 +1,48 @@
+"""Timing helpers shared by the benchmarks and scripts/diag. No import of customops here, so
+that a diagnostic that times kernels of its own (scripts/diag/sm90_variants.py) runs without
+the library built."""
+
+import os
+
+KERNEL_ENV = "CUSTOMOPS_FLS_CUDA_KERNEL"
+
+
+def do_bench(fn, rep=100) -> float:
+    """Median time in microseconds, CUDA events, L2 flushed before each call."""
+    from triton.testing import do_bench as triton_do_bench
+
+    return triton_do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3
+
+
+def bench_round_robin(impls, rounds=3):
+    """Median over `rounds` passes that each time every implementation once, in turn: on a
+    power-limited GPU the clock drifts within a run, and timing each implementation in one
+    block would favour whichever ran first. Each pass starts len(impls) // rounds
+    implementations further on, so that no implementation always runs at the same point of a
+    pass (a position effect of a few percent would explain one fixed-order run:
+    benchmarks/NOTES.md, "Sixth session")."""
+    names = list(impls)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        start = r * max(1, len(names) // rounds)
+        for name in names[start % len(names):] + names[:start % len(names)]:
+            times[name].append(do_bench(impls[name], rep=25))
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def rel_err(out, ref):
+    """‖out − ref‖ / ‖ref‖ in float64."""
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def forced(kernel, fn):
+    """fn, run with CUSTOMOPS_FLS_CUDA_KERNEL=kernel (one fused_linear_sigmoid kernel forced)."""
+
+    def call():
+        os.environ[KERNEL_ENV] = kernel
+        try:
+            return fn()
+        finally:
+            del os.environ[KERNEL_ENV]
+
+    return call
