@@ -29,33 +29,10 @@ import torch
 import torch.nn.functional as F
 
 import customops
-
-KERNEL_ENV = "CUSTOMOPS_FLS_CUDA_KERNEL"
+from common import bench_round_robin, do_bench, forced, rel_err
 
 TABLE_SHAPES = [(16384, 4096, 4096), (8192, 1024, 4096), (32768, 512, 2048), (4096, 4096, 4096), (32, 4096, 4096), (1, 4096, 4096)]
 SWEEP_M = [2**i for i in range(15)]  # 1 .. 16384 at K = N = 4096
-
-
-def do_bench(fn, rep=100) -> float:
-    """Median time in microseconds, CUDA events, L2 flushed before each call."""
-    from triton.testing import do_bench as triton_do_bench
-
-    return triton_do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3
-
-
-def bench_round_robin(impls, rounds=3):
-    """Median over `rounds` passes that each time every implementation once, in turn: on a
-    power-limited GPU the clock drifts within a run, and timing each implementation in one
-    block would favour whichever ran first. Each pass starts one implementation further on,
-    so that no implementation always runs at the same point of a pass (a fixed order showed a
-    few percent of position effect: benchmarks/NOTES.md, "Sixth session")."""
-    names = list(impls)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        start = r * max(1, len(names) // rounds)
-        for name in names[start % len(names):] + names[:start % len(names)]:
-            times[name].append(do_bench(impls[name], rep=25))
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
 def measure_ceilings():
@@ -71,23 +48,8 @@ def measure_ceilings():
     return tflops, tbs
 
 
-def rel_err(out, ref):
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
 def eager_fn(x, w, b):
     return torch.sigmoid(F.linear(x, w, b))
-
-
-def forced(kernel, fn):
-    def call():
-        os.environ[KERNEL_ENV] = kernel
-        try:
-            return fn()
-        finally:
-            del os.environ[KERNEL_ENV]
-
-    return call
 
 
 def bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, variants=(), tf32=False, compiled=None):

@@ -10,7 +10,7 @@ says whether this run meets it. Also reduction "none" and bfloat16.
 Method (as bench_fused_linear_sigmoid.py): every implementation is first checked against a
 float64 reference (loss and grad_inputs, relative error); CUDA times are medians of
 CUDA-event timings with the L2 flushed before each run (triton.testing.do_bench, imported
-from bench_fused_linear_sigmoid); peak memory is torch.cuda.max_memory_allocated() during
+from benchmarks/common.py); peak memory is torch.cuda.max_memory_allocated() during
 one call minus the memory allocated before it (inputs, targets and grad_out excluded; the
 returned loss and gradient included). Bytes are the minimum any implementation must move
 (forward: read logits and targets, plus write the loss for "none"; backward: read logits,
@@ -53,7 +53,7 @@ torchvision_sigmoid_focal_loss = sigmoid_focal_loss_reference
 def make_timer(device):
     if device == "cuda":
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from bench_fused_linear_sigmoid import do_bench  # CUDA events, L2 flushed, median (µs)
+        from common import do_bench  # CUDA events, L2 flushed, median (µs)
 
         return do_bench
 

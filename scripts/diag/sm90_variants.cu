@@ -14,8 +14,6 @@ using EPP = cutlass::epilogue::TmaWarpSpecialized;
 using ECO = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using EAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 template <typename T>
-using Sigmoid = cutlass::epilogue::thread::Sigmoid<T>;
-template <typename T>
 using Identity = cutlass::epilogue::thread::Identity<T>;
 namespace sm90 = customops::fls_cuda::sm90;
 
