@@ -9,6 +9,8 @@ TF32, and every element finite.
 
 import json
 import os
+import re
+import warnings
 
 import pytest
 import torch
@@ -177,6 +179,64 @@ def test_expanded_weight_rows_take_the_generic_path(monkeypatch):
 @pytest.mark.parametrize("m,k,n", [(1, 4096, 4096), (40, 96, 72), (100, 64, 64), (512, 512, 512), (33, 30, 7)])
 def test_default_dispatch(monkeypatch, m, k, n, dtype):
     assert _run("", monkeypatch, m, k, n, dtype) <= 1e-2
+
+
+DISPATCH_CASES = [  # (M, K, N, dtype, the kernel choose_kernel must pick on Hopper with CUTLASS built)
+    (1, 4096, 4096, torch.bfloat16, "small_m"),
+    (8, 256, 8192, torch.float16, "small_m"),
+    (8, 256, 8200, torch.bfloat16, "generic"),  # N > 8192
+    (9, 256, 256, torch.bfloat16, "generic"),
+    (511, 512, 256, torch.bfloat16, "generic"),
+    (512, 512, 256, torch.bfloat16, "sm90_pingpong_128x128_epi64"),  # K <= 512
+    (512, 520, 256, torch.float16, "sm90_pingpong_128x128"),
+    (2048, 2048, 8192, torch.bfloat16, "sm90_coop_128x256"),  # M * N = 2^24
+    (2048, 2048, 8200, torch.bfloat16, "sm90_pingpong_128x128"),  # M * N > 2^24
+    (2047, 2048, 4096, torch.bfloat16, "sm90_pingpong_128x128"),  # M < 2048
+    (4096, 2048, 248, torch.float16, "sm90_pingpong_128x128"),  # N < 256
+    (512, 256, 192, torch.float32, "generic"),  # IEEE float32 (TF32 not allowed)
+]
+
+
+def _kernel_that_ran(monkeypatch, x, w, b):
+    monkeypatch.setenv("CUSTOMOPS_FLS_CUDA_VERBOSE", "1")
+    with pytest.warns(UserWarning, match="fused_linear_sigmoid ran the") as record:
+        customops.fused_linear_sigmoid(x, w, b)
+    monkeypatch.delenv("CUSTOMOPS_FLS_CUDA_VERBOSE")
+    names = [m.group(1) for r in record if (m := re.search(r"ran the (\S+) kernel", str(r.message)))]
+    assert len(names) == 1, names
+    return names[0]
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the thresholds are Hopper's (small-M and CUTLASS kernels)")
+@pytest.mark.parametrize("m,k,n,dtype,expected", DISPATCH_CASES)
+def test_default_dispatch_picks_the_documented_kernel(monkeypatch, m, k, n, dtype, expected):
+    if not _build_info().get("cutlass_sm90_kernels"):
+        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
+    w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=dtype)
+    assert _kernel_that_ran(monkeypatch, x, w, b) == expected
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the thresholds are Hopper's (small-M and CUTLASS kernels)")
+def test_tf32_at_small_k_takes_pingpong_not_the_16_bit_only_kernel(monkeypatch):
+    # K <= 512 sends 16-bit inputs to the 64x64-epilogue kernel, which has no TF32 build.
+    if not _build_info().get("cutlass_sm90_kernels"):
+        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    x, w = torch.randn(512, 256, device="cuda"), torch.randn(192, 256, device="cuda") / 16
+    assert _kernel_that_ran(monkeypatch, x, w, None) == "sm90_pingpong_128x128"
+
+
+def test_verbose_names_the_generic_kernel_anywhere(monkeypatch):
+    # float64 runs the generic path on every GPU.
+    x = torch.randn(3, 5, device="cuda", dtype=torch.float64)
+    w = torch.randn(4, 5, device="cuda", dtype=torch.float64)
+    assert _kernel_that_ran(monkeypatch, x, w, None) == "generic"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # without the variable: no warning
+        customops.fused_linear_sigmoid(x, w)
 
 
 def test_forcing_a_kernel_that_cannot_run_names_it(monkeypatch):

@@ -11,7 +11,7 @@
 // - otherwise (IEEE float32, float64, other GPUs, unaligned rows, mid-size M): eager's
 //   own calls, cuBLAS addmm with the bias in its epilogue, then ATen's sigmoid in place.
 // CUSTOMOPS_FLS_CUDA_KERNEL=<name> forces one kernel (benchmarks and tests; an
-// error if it cannot run the arguments).
+// error if it cannot run the arguments); CUSTOMOPS_FLS_CUDA_VERBOSE=1 warns which one ran.
 //
 // Backward: the two GEMMs go through cuBLAS; sigmoid'(z) and the bias gradient
 // (a column sum) come from one pass over grad_out and y.
@@ -179,6 +179,14 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
 void linear_sigmoid_cuda(
     const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
   const Kernel k = choose_kernel(x2d, weight, bias);
+  // Every CUTLASS kernel computes the same output, so results cannot show the dispatch's choice:
+  // CUSTOMOPS_FLS_CUDA_VERBOSE=1 names it in a warning per call (tests pin the thresholds so).
+  if (const char* verbose = std::getenv("CUSTOMOPS_FLS_CUDA_VERBOSE");
+      verbose != nullptr && *verbose != '\0' && std::string(verbose) != "0") {
+    TORCH_WARN("customops: fused_linear_sigmoid ran the ", fls_cuda::kernel_name(k), " kernel for x of shape ",
+               shape_str(x2d.sizes()), " and dtype ", dtype_name(x2d.scalar_type()), ", weight of shape ",
+               shape_str(weight.sizes()));
+  }
   switch (k) {
     case Kernel::kSmallM:
       fls_cuda::small_m_forward(x2d, weight, bias, out2d);
