@@ -11,13 +11,14 @@
 // - otherwise (IEEE float32, float64, other GPUs, unaligned rows, mid-size M): eager's
 //   own calls, cuBLAS addmm with the bias in its epilogue, then ATen's sigmoid in place.
 // CUSTOMOPS_FLS_CUDA_KERNEL=<name> forces one kernel (benchmarks and tests; an
-// error if it cannot run the arguments); CUSTOMOPS_FLS_CUDA_VERBOSE=1 warns which one ran.
+// error if it cannot run the arguments); CUSTOMOPS_FLS_CUDA_VERBOSE=1 prints which one ran.
 //
 // Backward: the two GEMMs go through cuBLAS; sigmoid'(z) and the bias gradient
 // (a column sum) come from one pass over grad_out and y.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "../common/cuda_utils.cuh"
@@ -180,12 +181,12 @@ void linear_sigmoid_cuda(
     const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
   const Kernel k = choose_kernel(x2d, weight, bias);
   // Every CUTLASS kernel computes the same output, so results cannot show the dispatch's choice:
-  // CUSTOMOPS_FLS_CUDA_VERBOSE=1 names it in a warning per call (tests pin the thresholds so).
+  // CUSTOMOPS_FLS_CUDA_VERBOSE=1 prints it to stderr per call (tests pin the thresholds so). Not
+  // TORCH_WARN: ops called through torch.ops do not turn it into a Python warning.
   if (const char* verbose = std::getenv("CUSTOMOPS_FLS_CUDA_VERBOSE");
       verbose != nullptr && *verbose != '\0' && std::string(verbose) != "0") {
-    TORCH_WARN("customops: fused_linear_sigmoid ran the ", fls_cuda::kernel_name(k), " kernel for x of shape ",
-               shape_str(x2d.sizes()), " and dtype ", dtype_name(x2d.scalar_type()), ", weight of shape ",
-               shape_str(weight.sizes()));
+    std::fprintf(stderr, "customops: fused_linear_sigmoid ran the %s kernel for x of shape %s and dtype %s\n",
+                 fls_cuda::kernel_name(k), shape_str(x2d.sizes()).c_str(), dtype_name(x2d.scalar_type()));
   }
   switch (k) {
     case Kernel::kSmallM:
