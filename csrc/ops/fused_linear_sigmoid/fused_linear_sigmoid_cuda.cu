@@ -165,16 +165,13 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   // one 256-wide tile across. In between, the generic path (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
-  if (M >= 512) {
-    // sm90_supported decides per kernel (dtype, TF32 setting, alignment); the first that can
-    // run these arguments wins.
-    for (Kernel k : {Kernel::kSm90Pingpong128Epi64, Kernel::kSm90Coop128x256, Kernel::kSm90Pingpong128}) {
-      if (k == Kernel::kSm90Pingpong128Epi64 && K > 512) continue;
-      if (k == Kernel::kSm90Coop128x256 && (M < 2048 || K < 2048 || N < 256 || M * N > (int64_t{1} << 24))) continue;
-      if (fls_cuda::sm90_supported(k, x2d, weight, bias)) return k;
-    }
-  }
-  return Kernel::kGeneric;
+  if (M < 512) return Kernel::kGeneric;
+  // sm90_supported decides what each kernel can run (dtype, TF32 setting, alignment).
+  const auto runs = [&](Kernel k) { return fls_cuda::sm90_supported(k, x2d, weight, bias); };
+  if (K <= 512 && runs(Kernel::kSm90Pingpong128Epi64)) return Kernel::kSm90Pingpong128Epi64;
+  const bool coop_shape = M >= 2048 && K >= 2048 && N >= 256 && M * N <= (int64_t{1} << 24);
+  if (coop_shape && runs(Kernel::kSm90Coop128x256)) return Kernel::kSm90Coop128x256;
+  return runs(Kernel::kSm90Pingpong128) ? Kernel::kSm90Pingpong128 : Kernel::kGeneric;
 }
 
 void linear_sigmoid_cuda(
