@@ -17,6 +17,34 @@ template <typename T>
 using Identity = cutlass::epilogue::thread::Identity<T>;
 namespace sm90 = customops::fls_cuda::sm90;
 
+// sigmoid(z) = 0.5 * tanh(z / 2) + 0.5 with one tanh.approx.f16x2 per pair of elements, where
+// CUTLASS's tanh-based sigmoid spends one tanh.approx.f32 per element: the epilogue's MUFU work
+// halves. z / 2 is rounded to fp16 first (2^-11 relative, finer than the bf16 output; beyond
+// 65504 it becomes inf, whose tanh is the right limit).
+template <typename T>
+struct SigmoidTanhF16x2 : cutlass::epilogue::thread::Sigmoid<T> {};
+template <int N>
+struct SigmoidTanhF16x2<cutlass::Array<float, N>> {
+  static_assert(N % 2 == 0);
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& z) const {
+    cutlass::Array<float, N> y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+      uint32_t h;
+      asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(z[i + 1] * 0.5f), "f"(z[i] * 0.5f));
+      asm("tanh.approx.f16x2 %0, %0;" : "+r"(h));
+      unsigned short lo, hi;
+      asm("mov.b32 {%0, %1}, %2;" : "=h"(lo), "=h"(hi) : "r"(h));
+      float t0, t1;
+      asm("cvt.f32.f16 %0, %1;" : "=f"(t0) : "h"(lo));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(t1) : "h"(hi));
+      y[i] = fmaf(t0, 0.5f, 0.5f);
+      y[i + 1] = fmaf(t1, 0.5f, 0.5f);
+    }
+    return y;
+  }
+};
+
 #if VARIANT == 0  // the library's kernel: Pingpong 128x128x64, cluster 2x1
 using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP>;
 #elif VARIANT == 1  // no cluster
@@ -50,6 +78,16 @@ using G = sm90::Gemm<BF, Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shap
 using G = sm90::Gemm<BF, Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _64>>;
 #elif VARIANT == 15  // the same with epilogue tile 128x128
 using G = sm90::Gemm<BF, Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _128>>;
+#elif VARIANT == 16  // epilogue tile 64x64, cluster 2x2 (both operands multicast)
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _2, _1>, PP, EPP, Shape<_64, _64>>;
+#elif VARIANT == 17  // epilogue tile 64x64, cluster 1x2
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP, Shape<_64, _64>>;
+#elif VARIANT == 18  // epilogue tile 64x64, sigmoid from a packed tanh.approx.f16x2 (half the MUFU ops)
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidTanhF16x2>;
+#elif VARIANT == 19  // the library's kernel with the packed sigmoid
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, EAuto, SigmoidTanhF16x2>;
+#elif VARIANT == 20  // epilogue tile 64x64, bias only (no sigmoid): v2's activation cost
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, Identity>;
 #else
 #error "unknown VARIANT"
 #endif

@@ -5,6 +5,7 @@ activation itself) moves the K = 512 case. Each variant is checked against float
 poisoned output first (‖out − ref‖/‖ref‖ ≤ 1e-2, the tests' bound for 16-bit, and no NaN left).
 
     python scripts/diag/sm90_variants.py [--build-only] [--lib PATH] [--shapes M,K,N ...]
+    ncu --profile-from-start off ... python scripts/diag/sm90_variants.py --lib PATH --profile 0 2 ...
 
 Builds the variants with nvcc (one process per variant) into build/diag_sm90/ unless --lib
 names a prebuilt library; the library and its callers share only raw pointers (ctypes), so a
@@ -42,7 +43,13 @@ VARIANTS = {  # id -> what it changes against variant 0, the library's kernel (s
     13: "pingpong 64x256, epi 64x256",
     14: "coop 128x256 c1x2, epi 128x64",
     15: "coop 128x256 c1x2, epi 128x128",
+    16: "epilogue tile 64x64, cluster 2x2",
+    17: "epilogue tile 64x64, cluster 1x2",
+    18: "epilogue tile 64x64, packed f16x2 sigmoid",
+    19: "packed f16x2 sigmoid",
+    20: "epilogue tile 64x64, bias only",
 }
+BIAS_ONLY = (6, 20)
 SCHEDULES = [(1, 1), (2, 1), (2, 2), (2, 4), (2, 8), (1, 4)]  # (raster, swizzle) for variant 0 at the first shape
 
 
@@ -106,6 +113,10 @@ def main():
     p.add_argument("--build", type=int, nargs="*", help="build only these variants (and link every object built)")
     p.add_argument("--no-lib-kernels", action="store_true", help="leave out the library's kernels (no customops import)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-schedules", action="store_true", help="leave out the raster/swizzle rows of variant 0")
+    p.add_argument("--profile", type=int, nargs="*",
+                   help="after the checks, run mm and these variants once each at the first shape inside "
+                        "cudaProfilerStart/Stop, then exit (for ncu --profile-from-start off)")
     p.add_argument("--shapes", nargs="*", default=["32768,512,2048", "8192,1024,4096", "16384,4096,4096", "4096,4096,4096"])
     p.add_argument("--fp16-shapes", nargs="*", default=["16384,4096,4096"], help="the library's kernels alone, float16")
     args = p.parse_args()
@@ -145,14 +156,29 @@ def main():
         out = torch.empty(m, n, device="cuda", dtype=dtype)
         variants = fns if dtype == torch.bfloat16 else {}
         z = F.linear(x.double(), w.double(), b.double())
-        errs = {}
+        errs, maxabs = {}, {}
         for v in variants:
             out.fill_(float("nan"))
             call(v, x, w, b, out)
             torch.cuda.synchronize()
-            errs[v] = rel_err(out, z if v == 6 else torch.sigmoid(z))
+            errs[v] = rel_err(out, z if v in BIAS_ONLY else torch.sigmoid(z))
+            maxabs[v] = (out.double() - (z if v in BIAS_ONLY else torch.sigmoid(z))).abs().max().item()
             assert errs[v] <= 1e-2 and not out.isnan().any(), f"variant {v} at {shape}: rel err {errs[v]:.3g}"
         del z
+        if args.profile is not None:
+            todo = [("mm", lambda: torch.mm(x, w.t()))] + [(f"v{v}", lambda v=v: call(v, x, w, b, out)) for v in args.profile]
+            for _, fn in todo:  # warm: module load and workspace allocation stay out of the profile
+                fn()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            for name, fn in todo:
+                torch.cuda.nvtx.range_push(name)
+                fn()
+                torch.cuda.synchronize()
+                torch.cuda.nvtx.range_pop()
+            torch.cuda.cudart().cudaProfilerStop()
+            print("profiled, in order:", [name for name, _ in todo])
+            return
         impls = {"mm": lambda: torch.mm(x, w.t()), "eager": lambda: torch.sigmoid(F.linear(x, w, b))}
         if not args.no_lib_kernels:
             import customops
@@ -162,7 +188,7 @@ def main():
                 impls["lib " + kern[5:]] = forced(kern, op)
         for v in variants:
             impls[f"v{v}"] = (lambda v=v: call(v, x, w, b, out))
-        if variants and shape == args.shapes[0]:
+        if variants and shape == args.shapes[0] and not args.no_schedules:
             for raster, swizzle in SCHEDULES:
                 impls[f"v0 r{raster} s{swizzle}"] = (lambda r=raster, s=swizzle: call(0, x, w, b, out, r, s))
         print(f"\n{m}x{k}x{n}: mm runs {kernel_names(impls['mm'])}", flush=True)
@@ -172,7 +198,7 @@ def main():
         for name, us in t.items():
             v = int(name[1:].split()[0]) if name.startswith("v") else None
             what = VARIANTS[v] if v is not None and " " not in name else ""
-            err = f"  rel err {errs[v]:.1e}" if v is not None and " " not in name else ""
+            err = f"  rel err {errs[v]:.1e}, max abs {maxabs[v]:.1e}" if v is not None and " " not in name else ""
             print(f"  {name:<24} {us:8.1f}  {us / t['mm']:.3f}  {flops / us / 1e6:6.0f} TFLOP/s  {what}{err}", flush=True)
         del x, w, b, out
 
