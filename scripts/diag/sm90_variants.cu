@@ -45,6 +45,49 @@ struct SigmoidTanhF16x2<cutlass::Array<float, N>> {
   }
 };
 
+// sigmoid with kPoly of every 8 elements computed on the FMA pipe, the rest through CUTLASS's
+// tanh.approx (MUFU, 16 lanes per SM). At K = 512 the epilogue is bound by MUFU work that the
+// other warp group's main loop does not hide (benchmarks/NOTES.md, "Seventh session"); moving
+// part of it to the FMA pipe (128 lanes per SM) shares it between the two, as FlashAttention-4
+// does for exp2. The FMA form: a degree-7 polynomial in a = min(|z|, 8), fitted on [0, 8]
+// (scripts/diag/sigmoid_poly.py: max abs error 3.4e-4, against 2.4e-4 for the tanh.approx form,
+// p(8) pinned to 1), mirrored as 1 - p for z < 0, with p capped at 1 so that outputs stay in
+// [0, 1]. min.NaN keeps a NaN input NaN (fminf would return 8).
+__device__ __forceinline__ float min_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+__device__ __forceinline__ float sigmoid_poly(float z) {
+  const float a = min_nan(fabsf(z), 8.f);
+  float p = -3.07319056e-06f;
+  p = fmaf(p, a, 0.00010726921f);
+  p = fmaf(p, a, -0.00149513385f);
+  p = fmaf(p, a, 0.0102947699f);
+  p = fmaf(p, a, -0.0323949866f);
+  p = fmaf(p, a, 0.00352868275f);
+  p = fmaf(p, a, 0.251358181f);
+  p = fmaf(p, a, 0.499670357f);
+  p = min_nan(p, 1.f);
+  return z < 0.f ? 1.f - p : p;
+}
+template <int kPoly, typename T>
+struct SigmoidSplit : cutlass::epilogue::thread::Sigmoid<T> {};
+template <int kPoly, int N>
+struct SigmoidSplit<kPoly, cutlass::Array<float, N>> {
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& z) const {
+    cutlass::Array<float, N> y;
+    cutlass::epilogue::thread::Sigmoid<float> tanh_form;  // CUTLASS_USE_TANH_FOR_SIGMOID
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) y[i] = i % 8 < kPoly ? sigmoid_poly(z[i]) : tanh_form(z[i]);
+    return y;
+  }
+};
+template <typename T>
+using SigmoidSplit3 = SigmoidSplit<3, T>;
+template <typename T>
+using SigmoidSplit4 = SigmoidSplit<4, T>;
+
 #if VARIANT == 0  // the library's kernel: Pingpong 128x128x64, cluster 2x1
 using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP>;
 #elif VARIANT == 1  // no cluster
@@ -88,6 +131,10 @@ using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Sha
 using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, EAuto, SigmoidTanhF16x2>;
 #elif VARIANT == 20  // epilogue tile 64x64, bias only (no sigmoid): v2's activation cost
 using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, Identity>;
+#elif VARIANT == 21  // epilogue tile 64x64, 3 of every 8 sigmoids on the FMA pipe
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidSplit3>;
+#elif VARIANT == 22  // epilogue tile 64x64, half the sigmoids on the FMA pipe
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidSplit4>;
 #else
 #error "unknown VARIANT"
 #endif

@@ -48,6 +48,8 @@ VARIANTS = {  # id -> what it changes against variant 0, the library's kernel (s
     18: "epilogue tile 64x64, packed f16x2 sigmoid",
     19: "packed f16x2 sigmoid",
     20: "epilogue tile 64x64, bias only",
+    21: "epilogue tile 64x64, 3/8 sigmoids on FMA",
+    22: "epilogue tile 64x64, 4/8 sigmoids on FMA",
 }
 BIAS_ONLY = (6, 20)
 SCHEDULES = [(1, 1), (2, 1), (2, 2), (2, 4), (2, 8), (1, 4)]  # (raster, swizzle) for variant 0 at the first shape
