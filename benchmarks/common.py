@@ -30,6 +30,23 @@ def bench_round_robin(impls, rounds=3):
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
+def graphed(fn):
+    """fn captured once in a CUDA graph (after three warm-up calls on a side stream); returns the
+    replay, which times the GPU's work without the host's launch and dispatch overhead."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def rel_err(out, ref):
     """‖out − ref‖ / ‖ref‖ in float64."""
     return ((out.double() - ref).norm() / ref.norm()).item()
