@@ -35,6 +35,8 @@ def _cases(device):
         (focal, (x, x[:2]), ["targets", "shape of inputs", "[4, 8]", "[2, 8]"]),
         (focal, (x, x, 0.25, 2.0, "avg"), ["reduction", "'none', 'mean' or 'sum'", "'avg'"]),
         (focal, (x, x, 0.25, -1.0), ["gamma", ">= 0"]),
+        (focal, (x, x, float("nan"), 2.0), ["alpha", "finite", "nan"]),
+        (focal, (x, x, float("inf"), 2.0), ["alpha", "finite", "inf"]),
         (torch.ops.customops.sigmoid_focal_loss_backward, (x, x, x, 0.25, 2.0, "sum", [True, True]),
          ["grad_out", "0-dimensional", "[4, 8]"]),
     ]

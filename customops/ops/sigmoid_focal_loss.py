@@ -4,6 +4,8 @@ Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd) and the formulas:
 csrc/ops/sigmoid_focal_loss/.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -35,7 +37,8 @@ def sigmoid_focal_loss(
             float32 and round once.
         targets: same shape, dtype and device as ``inputs`` (no broadcasting); values in
             [0, 1]: 0/1 labels or soft targets (not checked, as in torchvision).
-        alpha: weight of the positive class; ``alpha < 0`` (e.g. -1) disables the weighting.
+        alpha: weight of the positive class, a finite number; ``alpha < 0`` (e.g. -1) disables
+            the weighting.
         gamma: focusing exponent, a finite number >= 0 (``gamma = 0`` gives
             ``alpha``-weighted binary cross-entropy; ``0 ** 0`` is 1, as in torch.pow).
         reduction: ``"none"`` (the loss per element, ``inputs``' shape), ``"mean"`` or
@@ -49,8 +52,8 @@ def sigmoid_focal_loss(
 
     Raises:
         RuntimeError: a non-floating dtype; ``targets``' dtype, device or shape differ from
-            ``inputs``'; ``reduction`` not one of ``"none"``, ``"mean"``, ``"sum"``; ``gamma``
-            negative or not finite. The message names the argument and what was expected (the
+            ``inputs``'; ``reduction`` not one of ``"none"``, ``"mean"``, ``"sum"``; ``alpha``
+            not finite; ``gamma`` negative or not finite. The message names the argument and what was expected (the
             same under torch.compile / torch.export).
 
     Autograd: gradients w.r.t. ``inputs`` and ``targets`` (only those that require grad are
@@ -68,12 +71,16 @@ def sigmoid_focal_loss(
     return torch.ops.customops.sigmoid_focal_loss(inputs, targets, alpha, gamma, reduction)
 
 
-def _check_args(inputs, targets, gamma, reduction):
+def _check_args(inputs, targets, alpha, gamma, reduction):
     # The order and messages of check_sigmoid_focal_loss_args (sigmoid_focal_loss.h).
     _checks.check_elementwise_pair(inputs, "inputs", targets, "targets")
     torch._check(
         reduction in REDUCTIONS,
         lambda: f"customops: expected reduction to be 'none', 'mean' or 'sum', but got '{reduction}'",
+    )
+    torch._check(
+        math.isfinite(alpha),
+        lambda: f"customops: expected alpha to be a finite number (< 0 turns the weighting off), but got {float(alpha):f}",
     )
     # std::to_string(double) prints "%f", which is Python's f"{gamma:f}".
     torch._check(
@@ -84,7 +91,7 @@ def _check_args(inputs, targets, gamma, reduction):
 
 @torch.library.register_fake("customops::sigmoid_focal_loss")
 def _sigmoid_focal_loss_fake(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
-    _check_args(inputs, targets, gamma, reduction)
+    _check_args(inputs, targets, alpha, gamma, reduction)
     if reduction == "none":
         return torch.empty_like(inputs, memory_format=torch.contiguous_format)
     return inputs.new_empty(())
@@ -92,7 +99,7 @@ def _sigmoid_focal_loss_fake(inputs, targets, alpha=0.25, gamma=2.0, reduction="
 
 @torch.library.register_fake("customops::sigmoid_focal_loss_backward")
 def _sigmoid_focal_loss_backward_fake(grad_out, inputs, targets, alpha, gamma, reduction, output_mask):
-    _check_args(inputs, targets, gamma, reduction)
+    _check_args(inputs, targets, alpha, gamma, reduction)
     _checks.check_floating(grad_out, "grad_out")
     _checks.check_same_device(grad_out, "grad_out", inputs, "inputs")
     _checks.check_same_dtype(grad_out, "grad_out", inputs, "inputs")

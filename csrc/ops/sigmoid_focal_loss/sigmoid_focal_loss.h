@@ -46,12 +46,17 @@ inline const char* focal_reduction_name(FocalReduction r) {
 // The checks of sigmoid_focal_loss's arguments, in the order the fake kernel
 // (customops/ops/sigmoid_focal_loss.py) runs them; returns the parsed reduction.
 inline FocalReduction check_sigmoid_focal_loss_args(
-    const at::Tensor& inputs, const at::Tensor& targets, double gamma, c10::string_view reduction) {
+    const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma, c10::string_view reduction) {
   check_elementwise_pair(inputs, "inputs", targets, "targets");
   const std::string red(reduction.data(), reduction.size());
   TORCH_CHECK(
       red == "none" || red == "mean" || red == "sum",
       "customops: expected reduction to be 'none', 'mean' or 'sum', but got '", red, "'");
+  // A NaN alpha would silently turn the weighting off (alpha >= 0 is false) and an infinite one
+  // makes every loss NaN: both are user errors, like a non-finite gamma.
+  TORCH_CHECK(
+      std::isfinite(alpha), "customops: expected alpha to be a finite number (< 0 turns the weighting off), but got ",
+      std::to_string(alpha));
   TORCH_CHECK(
       gamma >= 0 && std::isfinite(gamma), "customops: expected gamma to be a finite number >= 0, but got ",
       std::to_string(gamma));
@@ -59,9 +64,9 @@ inline FocalReduction check_sigmoid_focal_loss_args(
 }
 
 inline FocalReduction check_sigmoid_focal_loss_backward_args(
-    const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double gamma,
+    const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss_args(inputs, targets, gamma, reduction);
+  const FocalReduction red = check_sigmoid_focal_loss_args(inputs, targets, alpha, gamma, reduction);
   check_floating(grad_out, "grad_out");
   check_same_device(grad_out, "grad_out", inputs, "inputs");
   check_same_dtype(grad_out, "grad_out", inputs, "inputs");

@@ -24,7 +24,7 @@ constexpr int64_t kReduceChunk = 16384;
 
 at::Tensor sigmoid_focal_loss_cpu(
     const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma, c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss_args(inputs, targets, gamma, reduction);
+  const FocalReduction red = check_sigmoid_focal_loss_args(inputs, targets, alpha, gamma, reduction);
   const at::Tensor x = inputs.contiguous();
   const at::Tensor t = targets.contiguous();
   const int64_t n = x.numel();
@@ -73,7 +73,7 @@ at::Tensor sigmoid_focal_loss_cpu(
 std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     c10::string_view reduction, std::array<bool, 2> output_mask) {
-  const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, gamma, reduction);
+  const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, alpha, gamma, reduction);
   const FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
   if (b.done) return {b.grad_inputs, b.grad_targets};
   AT_DISPATCH_FLOATING_TYPES_AND2(

@@ -150,7 +150,7 @@ void launch_reduce(
 
 at::Tensor sigmoid_focal_loss_cuda(
     const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma, c10::string_view reduction) {
-  const FocalReduction red = check_sigmoid_focal_loss_args(inputs, targets, gamma, reduction);
+  const FocalReduction red = check_sigmoid_focal_loss_args(inputs, targets, alpha, gamma, reduction);
   const c10::cuda::CUDAGuard device_guard(inputs.device());
   const at::Tensor x = inputs.contiguous();
   const at::Tensor t = targets.contiguous();
@@ -207,7 +207,7 @@ void launch_backward(
 std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     c10::string_view reduction, std::array<bool, 2> output_mask) {
-  const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, gamma, reduction);
+  const FocalReduction red = check_sigmoid_focal_loss_backward_args(grad_out, inputs, targets, alpha, gamma, reduction);
   const c10::cuda::CUDAGuard device_guard(inputs.device());
   const FocalBackwardSetup b = focal_backward_setup(grad_out, inputs, targets, red, output_mask);
   if (b.done) return {b.grad_inputs, b.grad_targets};
