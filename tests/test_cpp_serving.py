@@ -32,6 +32,16 @@ def test_serve_matches_python(serve, exported, fmt, batch, tmp_path):
     assert 0 < median_ms <= p99_ms
 
 
+@pytest.mark.parametrize("fmt", ["pt", "pt2"])
+def test_serve_takes_any_strides(serve, exported, fmt, tmp_path):
+    # torch.save keeps a view's strides; an AOTInductor package checks them against its example.
+    model, paths = exported
+    for x in (torch.randn(12, 5).t(), torch.randn(1, 12).expand(5, 12)):
+        assert not x.is_contiguous()
+        out, _, _ = run_serve(serve, paths[fmt], x, str(tmp_path), runs=2)
+        torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_no_libpython_dependency(serve):
     for path in (serve, os.path.join(os.path.dirname(serve), "..", "lib", "libcustomops.so"), customops.library_path()):
         needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout

@@ -61,6 +61,10 @@ def test_aoti_package_dynamic_batch(uses_all_ops_pt2):
     for b in BATCHES:
         x = torch.randn(b, 12)
         torch.testing.assert_close(runner(x), model(x))
+    # Any strides, as TorchScript takes them: transposed, sliced, expanded (stride 0).
+    for x in (torch.randn(12, 5).t(), torch.randn(10, 12)[::2], torch.randn(1, 12).expand(5, 12)):
+        assert not x.is_contiguous()
+        torch.testing.assert_close(runner(x), model(x))
 
 
 def test_onnx_standard_ops_dynamic_batch_and_onnxruntime(model, tmp_path):

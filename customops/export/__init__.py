@@ -156,17 +156,34 @@ def load_torchscript(path: str, map_location: Optional[str] = None) -> torch.jit
 
 def load_aoti(path: str):
     """Loads an AOTInductor package whose graph uses customops' ops (the op library is loaded
-    first); returns a callable. Raises FileNotFoundError / RuntimeError as
-    :func:`load_torchscript`."""
+    first); returns a callable that takes the exported model's inputs, of any strides
+    (non-contiguous tensors run as contiguous copies when the package expects row-major
+    inputs, as :func:`export_aoti`'s packages do); the loader's own object is its ``package``
+    attribute. Raises FileNotFoundError / RuntimeError as :func:`load_torchscript`."""
     _check_file(path)
     customops.load_library()
     # Packages check input shapes and dtypes only when this is set (read once per process);
     # without it a wrong-shaped input reads out of bounds.
     os.environ.setdefault("AOTI_RUNTIME_CHECK_INPUTS", "1")
     try:
-        return torch._inductor.aoti_load_package(path)
+        package = torch._inductor.aoti_load_package(path)
     except Exception as e:  # the loader raises several types for a bad archive
         raise RuntimeError(f"customops: could not load AOTInductor package {path!r}: {e}") from e
+
+    def run(*args, **kwargs):
+        # A package checks its inputs' strides against the example it was exported with
+        # (row-major from this module's exporters), where TorchScript takes any strides: so
+        # non-contiguous inputs run as contiguous copies first, and as given if the package
+        # refuses those (it was exported with other strides).
+        if all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor)):
+            return package(*args, **kwargs)
+        try:
+            return package(*(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+        except RuntimeError:
+            return package(*args, **kwargs)
+
+    run.package = package  # the loader's own object (metadata, call spec)
+    return run
 
 
 def __getattr__(name):

@@ -183,6 +183,17 @@ int main(int argc, char** argv) {
     }
 
     c10::InferenceMode inference_mode;
+    if (package && !x.is_contiguous()) {
+      // A package checks its input's strides against its export example (row-major from
+      // customops.export), where TorchScript takes any strides: run a contiguous copy, unless the
+      // package refuses that (it was exported with other strides) and so wants x as given.
+      const at::Tensor contiguous = x.contiguous();
+      try {
+        run(contiguous);
+        x = contiguous;
+      } catch (const std::exception&) {
+      }
+    }
     auto sync = [&] {
       if (device.is_cuda()) torch::cuda::synchronize();
     };
