@@ -83,8 +83,10 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
 
     Only ``nn.Sequential`` children have an order that a module tree shows; a Linear and a
     Sigmoid called one after the other in a custom ``forward`` are left alone. So are pairs
-    where either module has forward hooks or pre-hooks (fusing would drop them) and
-    parametrized Linears (e.g. weight_norm).
+    where either module has forward hooks or pre-hooks (fusing would drop them),
+    parametrized Linears (e.g. weight_norm) and subclasses of ``nn.Linear`` (``LazyLinear``,
+    quantization stubs and users' own subclasses may compute something else), which only
+    ``type(m) is nn.Linear`` rules out.
     """
     fused = 0
     for module in model.modules():
