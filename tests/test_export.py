@@ -126,11 +126,21 @@ def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
         (["customops.train_digits:make_model", "--input-shape", "8x64"], "comma-separated integers"),
         (["customops.train_digits:nope", "--input-shape", "8,64"], "cannot find"),
         (["no_colon", "--input-shape", "8,64"], "package.module:callable"),
+        (["customops.train_digits:make_model", "--input-shape", "8,64", "--state-dict", "/nonexistent/w.pt"],
+         "cannot load it with torch.load"),
     ],
 )
 def test_command_line_errors_are_messages_not_tracebacks(args, message):
     out = subprocess.run([sys.executable, "-m", "customops.export", *args], capture_output=True, text=True)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_command_line_refuses_a_state_dict_that_does_not_fit(tmp_path):
+    path = str(tmp_path / "w.pt")
+    torch.save({"not_a_parameter": torch.zeros(1)}, path)
+    out = subprocess.run([sys.executable, "-m", "customops.export", "customops.train_digits:make_model", "--input-shape",
+                          "8,64", "--state-dict", path], capture_output=True, text=True)
+    assert out.returncode == 2 and "does not fit the model" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_command_line(tmp_path):

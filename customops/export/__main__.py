@@ -51,7 +51,14 @@ def main(argv=None) -> int:
         parser.error(f"--device {args.device}: no CUDA device is available")
     model = _load_model(parser, args.model)
     if args.state_dict:
-        model.load_state_dict(torch.load(args.state_dict, map_location="cpu", weights_only=True))
+        try:
+            state = torch.load(args.state_dict, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch.load raises several types for a missing or bad file
+            parser.error(f"--state-dict {args.state_dict!r}: cannot load it with torch.load: {e}")
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, TypeError, AttributeError) as e:
+            parser.error(f"--state-dict {args.state_dict!r} does not fit the model: {e}")
     model = model.to(device=args.device, dtype=dtype).eval()
     example = torch.randn(shape, device=args.device, dtype=dtype)
     try:
