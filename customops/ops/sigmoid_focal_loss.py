@@ -53,8 +53,8 @@ def sigmoid_focal_loss(
     Raises:
         RuntimeError: a non-floating dtype; ``targets``' dtype, device or shape differ from
             ``inputs``'; ``reduction`` not one of ``"none"``, ``"mean"``, ``"sum"``; ``alpha``
-            not finite; ``gamma`` negative or not finite. The message names the argument and what was expected (the
-            same under torch.compile / torch.export).
+            not finite; ``gamma`` negative or not finite. The message names the argument and
+            what was expected (the same under torch.compile / torch.export).
 
     Autograd: gradients w.r.t. ``inputs`` and ``targets`` (only those that require grad are
     computed), by ``customops::sigmoid_focal_loss_backward`` in one pass that recomputes the
