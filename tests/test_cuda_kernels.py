@@ -118,6 +118,35 @@ def test_sm90_float32_needs_tf32_allowed(monkeypatch):
 
 
 @pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
+@pytest.mark.parametrize("kernel,dtype", [(k, d) for k in SM90_KERNELS for d in (torch.bfloat16, torch.float16)]
+                         + [("sm90_pingpong_128x128", torch.float32)])
+def test_sm90_epilogue_saturates_and_carries_nan(monkeypatch, kernel, dtype):
+    # The epilogue's sigmoid (tanh.approx for 16-bit, exp and a reciprocal for TF32): logits of
+    # +-inf and +-1e4 give exactly 1 and 0, a NaN in x or the bias gives NaN as torch does, and
+    # every other output stays in [0, 1] and near the float64 reference.
+    if not _build_info().get("cutlass_sm90_kernels"):
+        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", dtype == torch.float32)
+    m, k, n = 300, 128, 264
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(m, k, device="cuda", dtype=dtype, generator=gen)
+    w = torch.randn(n, k, device="cuda", dtype=dtype, generator=gen) / k**0.5
+    b = torch.randn(n, device="cuda", dtype=dtype, generator=gen)
+    b[:5] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e4, -1e4])
+    x[7] = float("nan")
+    monkeypatch.setenv(ENV, kernel)
+    out = customops.fused_linear_sigmoid(x, w, b).double()
+    ref = torch.sigmoid(F.linear(x.double(), w.double(), b.double()))
+    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[7]).all() and torch.isnan(out[:, 2]).all()
+    rows = torch.arange(m, device="cuda") != 7
+    assert (out[rows, 0] == 1).all() and (out[rows, 3] == 1).all()
+    assert (out[rows, 1] == 0).all() and (out[rows, 4] == 0).all()
+    finite = out[rows][:, 5:]
+    assert ((finite >= 0) & (finite <= 1)).all()
+    assert _rel_err(finite, ref[rows][:, 5:]) <= (5e-4 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
 @pytest.mark.parametrize("kernel", SM90_KERNELS)
 def test_sm90_kernel_strided_rows(monkeypatch, kernel):
     assert _run(kernel, monkeypatch, 200, 256, 136, torch.bfloat16, x_layout="row_stride",

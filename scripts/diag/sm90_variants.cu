@@ -3,6 +3,9 @@
 // the library's Pingpong 128x128 kernel. Built once per VARIANT (one translation unit each, so the
 // builds run in parallel) and linked into one shared library with a C entry point per variant,
 // called through ctypes with raw pointers: no torch ABI, so it runs under any torch version.
+// CUTLASS's Sigmoid as 0.5 * tanh(z / 2) + 0.5 (tanh.approx), as the library used it before its
+// own EVT (variants 0-22 and 26).
+#define CUTLASS_USE_TANH_FOR_SIGMOID 1
 #include "../../csrc/ops/fused_linear_sigmoid/sm90/gemm_bias_sigmoid.cuh"
 
 namespace {
@@ -16,6 +19,13 @@ using EAuto = cutlass::epilogue::collective::EpilogueTileAuto;
 template <typename T>
 using Identity = cutlass::epilogue::thread::Identity<T>;
 namespace sm90 = customops::fls_cuda::sm90;
+
+// The library's Gemm with CUTLASS's LinCombPerColBiasEltAct epilogue (alpha * acc + beta * C +
+// bias, then Act), which the library's kernels used until the eighth session.
+template <typename Tile, typename Cluster, typename MainloopSchedule, typename EpilogueSchedule,
+          typename EpilogueTile = EAuto, template <typename> class Act = cutlass::epilogue::thread::Sigmoid>
+using LinComb = sm90::Gemm<BF, Tile, Cluster, MainloopSchedule, EpilogueSchedule, EpilogueTile,
+                           cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, BF, float, BF, BF, float>>;
 
 // sigmoid(z) = 0.5 * tanh(z / 2) + 0.5 with one tanh.approx.f16x2 per pair of elements, where
 // CUTLASS's tanh-based sigmoid spends one tanh.approx.f32 per element: the epilogue's MUFU work
@@ -88,53 +98,62 @@ using SigmoidSplit3 = SigmoidSplit<3, T>;
 template <typename T>
 using SigmoidSplit4 = SigmoidSplit<4, T>;
 
-#if VARIANT == 0  // the library's kernel: Pingpong 128x128x64, cluster 2x1
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP>;
+
+#if VARIANT == 0  // the library's kernel until the eighth session: Pingpong 128x128x64, cluster 2x1, LinComb epilogue
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP>;
 #elif VARIANT == 1  // no cluster
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_1, _1, _1>, PP, EPP>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_1, _1, _1>, PP, EPP>;
 #elif VARIANT == 2  // epilogue tile 64x64 (auto: 64x32)
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>>;
 #elif VARIANT == 3  // epilogue tile 64x128
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _128>>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _128>>;
 #elif VARIANT == 4  // Pingpong 64x256 (one m64n256 wgmma per k-step)
-using G = sm90::Gemm<BF, Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP>;
+using G = LinComb<Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP>;
 #elif VARIANT == 5  // k-tile 128: half the pipeline round trips at K = 512
-using G = sm90::Gemm<BF, Shape<_128, _128, _128>, Shape<_2, _1, _1>, PP, EPP>;
+using G = LinComb<Shape<_128, _128, _128>, Shape<_2, _1, _1>, PP, EPP>;
 #elif VARIANT == 6  // bias only, no sigmoid: what the activation costs
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, EAuto, Identity>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, EAuto, Identity>;
 #elif VARIANT == 7  // Cooperative 256x128, cluster 2x1, epilogue tile 128x64
-using G = sm90::Gemm<BF, Shape<_256, _128, _64>, Shape<_2, _1, _1>, CO, ECO, Shape<_128, _64>>;
+using G = LinComb<Shape<_256, _128, _64>, Shape<_2, _1, _1>, CO, ECO, Shape<_128, _64>>;
 #elif VARIANT == 8  // Pingpong 64x256, epilogue tile 64x64
-using G = sm90::Gemm<BF, Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>>;
+using G = LinComb<Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>>;
 #elif VARIANT == 9  // cluster 1x2 (x multicast instead of the weight)
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP>;
 #elif VARIANT == 10  // epilogue tile 64x128, cluster 1x2
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP, Shape<_64, _128>>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP, Shape<_64, _128>>;
 #elif VARIANT == 11  // Cooperative 256x128, cluster 1x2 (cuBLAS's choice here), epilogue tile 128x128
 // (a Pingpong epilogue tile must be 64 rows: CUTLASS rejects 128x64)
-using G = sm90::Gemm<BF, Shape<_256, _128, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _128>>;
+using G = LinComb<Shape<_256, _128, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _128>>;
 #elif VARIANT == 12  // Pingpong 64x256, epilogue tile 64x128
-using G = sm90::Gemm<BF, Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _128>>;
+using G = LinComb<Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _128>>;
 #elif VARIANT == 13  // Pingpong 64x256, epilogue tile 64x256
-using G = sm90::Gemm<BF, Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _256>>;
+using G = LinComb<Shape<_64, _256, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _256>>;
 #elif VARIANT == 14  // the library's Cooperative 128x256 (cluster 1x2) with epilogue tile 128x64 (auto: 128x32)
-using G = sm90::Gemm<BF, Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _64>>;
+using G = LinComb<Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _64>>;
 #elif VARIANT == 15  // the same with epilogue tile 128x128
-using G = sm90::Gemm<BF, Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _128>>;
+using G = LinComb<Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO, Shape<_128, _128>>;
 #elif VARIANT == 16  // epilogue tile 64x64, cluster 2x2 (both operands multicast)
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _2, _1>, PP, EPP, Shape<_64, _64>>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _2, _1>, PP, EPP, Shape<_64, _64>>;
 #elif VARIANT == 17  // epilogue tile 64x64, cluster 1x2
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP, Shape<_64, _64>>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_1, _2, _1>, PP, EPP, Shape<_64, _64>>;
 #elif VARIANT == 18  // epilogue tile 64x64, sigmoid from a packed tanh.approx.f16x2 (half the MUFU ops)
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidTanhF16x2>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidTanhF16x2>;
 #elif VARIANT == 19  // the library's kernel with the packed sigmoid
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, EAuto, SigmoidTanhF16x2>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, EAuto, SigmoidTanhF16x2>;
 #elif VARIANT == 20  // epilogue tile 64x64, bias only (no sigmoid): v2's activation cost
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, Identity>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, Identity>;
 #elif VARIANT == 21  // epilogue tile 64x64, 3 of every 8 sigmoids on the FMA pipe
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidSplit3>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidSplit3>;
 #elif VARIANT == 22  // epilogue tile 64x64, half the sigmoids on the FMA pipe
-using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidSplit4>;
+using G = LinComb<Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>, SigmoidSplit4>;
+#elif VARIANT == 23  // v2 with the library's EVT, sigmoid(acc + bias) with no alpha or beta: the library's epi64 kernel
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP, Shape<_64, _64>>;
+#elif VARIANT == 24  // v0 with the library's EVT: the library's Pingpong 128x128 kernel
+using G = sm90::Gemm<BF, Shape<_128, _128, _64>, Shape<_2, _1, _1>, PP, EPP>;
+#elif VARIANT == 25  // v26 with the library's EVT: the library's Cooperative 128x256 kernel
+using G = sm90::Gemm<BF, Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO>;
+#elif VARIANT == 26  // Cooperative 128x256 c1x2 with the LinComb epilogue, for v25
+using G = LinComb<Shape<_128, _256, _64>, Shape<_1, _2, _1>, CO, ECO>;
 #else
 #error "unknown VARIANT"
 #endif

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-VARIANTS = {  # id -> what it changes against variant 0, the library's kernel (sm90_variants.cu)
-    0: "library kernel: pingpong 128x128x64, cluster 2x1",
+VARIANTS = {  # id -> what it changes against variant 0 (sm90_variants.cu); 23-25 are the library's kernels
+    0: "pingpong 128x128x64, cluster 2x1, LinComb epilogue (the library's kernel until the eighth session)",
     1: "cluster 1x1",
     2: "epilogue tile 64x64",
     3: "epilogue tile 64x128",
@@ -50,6 +50,10 @@ VARIANTS = {  # id -> what it changes against variant 0, the library's kernel (s
     20: "epilogue tile 64x64, bias only",
     21: "epilogue tile 64x64, 3/8 sigmoids on FMA",
     22: "epilogue tile 64x64, 4/8 sigmoids on FMA",
+    23: "epilogue tile 64x64, the library's EVT (its epi64 kernel)",
+    24: "the library's EVT (its pingpong 128x128 kernel)",
+    25: "coop 128x256 c1x2, the library's EVT (its coop kernel)",
+    26: "coop 128x256 c1x2, LinComb epilogue",
 }
 BIAS_ONLY = (6, 20)
 SCHEDULES = [(1, 1), (2, 1), (2, 2), (2, 4), (2, 8), (1, 4)]  # (raster, swizzle) for variant 0 at the first shape
@@ -116,6 +120,7 @@ def main():
     p.add_argument("--no-lib-kernels", action="store_true", help="leave out the library's kernels (no customops import)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-schedules", action="store_true", help="leave out the raster/swizzle rows of variant 0")
+    p.add_argument("--variants", type=int, nargs="*", help="check and time only these variants (default: every one built)")
     p.add_argument("--profile", type=int, nargs="*",
                    help="after the checks, run mm and these variants once each at the first shape inside "
                         "cudaProfilerStart/Stop, then exit (for ncu --profile-from-start off)")
@@ -134,6 +139,8 @@ def main():
             f = getattr(lib, f"customops_sm90_variant_{v}")
         except AttributeError:
             continue  # failed to build
+        if args.variants is not None and v not in args.variants:
+            continue
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]

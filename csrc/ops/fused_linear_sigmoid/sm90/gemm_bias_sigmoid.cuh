@@ -3,16 +3,19 @@
 // sigmoid before the single store of the output, so the output never makes a
 // second trip through memory.
 //
-// For bf16/fp16 the sigmoid is CUTLASS's own, computed as 0.5 * tanh(z / 2) + 0.5
-// with the hardware tanh.approx (CUTLASS_USE_TANH_FOR_SIGMOID): one MUFU op per
-// element instead of an exp and an IEEE divide, which measurably slowed the
-// epilogue (issue 4's table). Its error, about 5e-4 absolute, is below bf16/fp16
-// resolution. The float32 (TF32 tensor-core) kernels need float accuracy and
-// use SigmoidExpRcp below instead.
+// The epilogue is one EVT node, sigmoid(acc + bias[n]), rather than CUTLASS's
+// LinCombPerColBiasEltAct, whose alpha * acc + beta * C + bias costs two FFMA per
+// element that this op never needs. At K = 512 the Pingpong epilogue is on the
+// critical path and every instruction per element counts (ncu at 32768x512x2048:
+// 111.1 us against 116.3; benchmarks/NOTES.md, "Eighth session").
+//
+// For bf16/fp16 the sigmoid is 0.5 * tanh(z / 2) + 0.5 with the hardware
+// tanh.approx: one MUFU op per element instead of an exp and an IEEE divide, which
+// measurably slowed the epilogue (issue 4's table). Its error, about 5e-4 absolute,
+// is below bf16/fp16 resolution. The float32 (TF32 tensor-core) kernels need float
+// accuracy and use exp and a reciprocal instead (BiasSigmoidExpRcp).
 //
 #pragma once
-
-#define CUTLASS_USE_TANH_FOR_SIGMOID 1
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -21,6 +24,7 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
 #include <cutlass/epilogue/thread/activation.h>
 #include <cutlass/gemm/collective/collective_builder.hpp>
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
@@ -35,51 +39,63 @@ namespace customops {
 namespace fls_cuda {
 namespace sm90 {
 
-// sigmoid(z) = 1 / (1 + exp(-z)) in float: exp as ex2.approx (its relative error grows with
-// |z|, to ~6e-6 at |z| = 80, far below TF32's input rounding), the quotient as a multiply by
-// rcp.approx (1 / inf = 0 gives the right limit for z -> -inf).
+// The EVT's compute functions: out = sigmoid(acc + bias), on fragments of float.
+// 16-bit outputs: 0.5 * tanh(acc / 2 + bias / 2) + 0.5, so that halving z folds into one FFMA
+// (bias / 2 is shared by the rows of a column where the compiler sees it: 2.3 FP ops and one
+// MUFU per element in the SASS, against 4 and one for LinCombPerColBiasEltAct with CUTLASS's
+// tanh sigmoid). tanh.approx of +-inf is +-1 and of NaN is NaN, so the limits and NaN carry.
 template <typename T>
-struct SigmoidExpRcp {
-  CUTLASS_HOST_DEVICE T operator()(T z) const {
-#if defined(__CUDA_ARCH__)
-    return __fdividef(1.f, 1.f + __expf(-z));
-#else
-    return 1.f / (1.f + std::exp(-z));
-#endif
-  }
-};
-template <typename T, int N>
-struct SigmoidExpRcp<cutlass::Array<T, N>> {
-  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& z) const {
-    cutlass::Array<T, N> y;
-    SigmoidExpRcp<T> f;
+struct BiasSigmoidTanh {
+  CUTLASS_DEVICE T operator()(T const& acc, T const& bias) const {
+    T y;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < N; ++i) y[i] = f(z[i]);
+    for (int i = 0; i < T::kElements; ++i) {
+      float t;
+      asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(fmaf(acc[i], 0.5f, bias[i] * 0.5f)));
+      y[i] = fmaf(t, 0.5f, 0.5f);
+    }
     return y;
   }
 };
-
-// The sigmoid per element type: float (TF32) needs SigmoidExpRcp's accuracy.
+// float (TF32) outputs: 1 / (1 + exp(-z)), exp as ex2.approx (its relative error grows with |z|,
+// to ~6e-6 at |z| = 80, far below TF32's input rounding), the quotient as a multiply by
+// rcp.approx (1 / inf = 0 gives the right limit for z -> -inf).
+template <typename T>
+struct BiasSigmoidExpRcp {
+  CUTLASS_DEVICE T operator()(T const& acc, T const& bias) const {
+    T y;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < T::kElements; ++i) y[i] = __fdividef(1.f, 1.f + __expf(-(acc[i] + bias[i])));
+    return y;
+  }
+};
 template <typename Element>
-struct DefaultSigmoid {
+struct DefaultBiasSigmoid {
   template <typename T>
-  using type = std::conditional_t<std::is_same_v<Element, float>, SigmoidExpRcp<T>,
-                                  cutlass::epilogue::thread::Sigmoid<T>>;
+  using type = std::conditional_t<std::is_same_v<Element, float>, BiasSigmoidExpRcp<T>, BiasSigmoidTanh<T>>;
 };
 
+// D = Fn(acc, bias[n]) in float, stored as Element; no C operand, no alpha or beta. Arguments:
+// {acc: {}, bias: {pointer, value when null, stride}, Fn: {}}.
+template <typename Element, typename TileShape, template <typename> class Fn = DefaultBiasSigmoid<Element>::template type>
+using BiasSigmoidEVT = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<Fn, Element, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>,
+                                                16 / sizeof(Element)>>;
+
 // Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
-// EpilogueTile: CUTLASS's automatic choice unless a kernel names one (pingpong_128x128_epi64_*.cu);
-// Act is left at its default by the library's kernels. scripts/diag/sm90_variants.cu varies both.
+// EpilogueTile: CUTLASS's automatic choice unless a kernel names one (pingpong_128x128_epi64_*.cu).
+// Fusion is left at its default by the library's kernels; scripts/diag/sm90_variants.cu varies it
+// (other EVTs, or CUTLASS's fusion operations such as LinCombPerColBiasEltAct).
 template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
           typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto,
-          template <typename> class Act = DefaultSigmoid<Element>::template type>
+          typename Fusion = BiasSigmoidEVT<Element, TileShape>>
 struct Gemm {
   static constexpr int kAlign = 16 / sizeof(Element);  // TMA: 16-byte rows
   using LayoutA = cutlass::layout::RowMajor;     // x: (M, K), K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // weight (N, K) read as B = weight^T: (K, N)
   using LayoutD = cutlass::layout::RowMajor;     // out: (M, N)
-  // D = sigmoid(1 * acc + bias[n]); no C operand.
-  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<Act, Element, float, Element, Element, float>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -96,6 +112,13 @@ struct Gemm {
                                                       cutlass::gemm::PersistentScheduler>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
+
+// Whether an epilogue's arguments are a CUTLASS fusion operation's (alpha, beta, bias_ptr)
+// rather than BiasSigmoidEVT's tree.
+template <typename ThreadArgs, typename = void>
+struct IsFusionOperation : std::false_type {};
+template <typename ThreadArgs>
+struct IsFusionOperation<ThreadArgs, std::void_t<decltype(std::declval<ThreadArgs&>().alpha)>> : std::true_type {};
 
 // The kernel's arguments from raw pointers and row strides (in elements); bias may be null.
 // Shared by run() below and the variant timings in scripts/diag.
@@ -119,10 +142,14 @@ typename G::Adapter::Arguments make_arguments(const Element* x, int64_t ldx, con
   typename G::Adapter::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1}, {x, stride_a, w, stride_b},
       {{}, nullptr, stride_c, out, stride_d}, hw_info};
-  args.epilogue.thread.alpha = 1.f;
-  args.epilogue.thread.beta = 0.f;
   // Without a bias the broadcast reads its null value (0) instead of memory.
-  args.epilogue.thread.bias_ptr = bias;
+  if constexpr (IsFusionOperation<decltype(args.epilogue.thread)>::value) {
+    args.epilogue.thread.alpha = 1.f;
+    args.epilogue.thread.beta = 0.f;
+    args.epilogue.thread.bias_ptr = bias;
+  } else {
+    args.epilogue.thread = {{}, {bias, Element(0), {}}, {}};
+  }
   return args;
 }
 
