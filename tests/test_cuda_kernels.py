@@ -54,34 +54,6 @@ def _run(kernel, monkeypatch, m, k, n, dtype, bias=True, x_layout="contiguous", 
     return _rel_err(out, ref)
 
 
-GEMV_SHAPES = [  # (M, K, N): every instance (M = 1, 2, 4, 8, 16 and between), N off the 4- to 16-row
-    # blocks, K off the 2048- and 1024-element load rounds, and K below one warp-wide load
-    (1, 4096, 4096), (1, 8, 1), (2, 520, 37), (3, 4104, 130), (4, 1000, 9), (5, 2056, 300),
-    (8, 4096, 1000), (8, 16, 4100), (11, 264, 65), (16, 8192, 520), (16, 1032, 17), (1, 16384, 136),
-]
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m,k,n", GEMV_SHAPES)
-def test_gemv_kernel(monkeypatch, m, k, n, dtype):
-    assert _run("gemv", monkeypatch, m, k, n, dtype, bias=(n % 2 == 0)) <= 1e-2
-
-
-@pytest.mark.parametrize("x_layout,w_layout", [("row_stride", "contiguous"), ("contiguous", "row_stride")])
-def test_gemv_kernel_strided_rows(monkeypatch, x_layout, w_layout):
-    assert _run("gemv", monkeypatch, 6, 264, 200, torch.bfloat16, x_layout=x_layout, w_layout=w_layout) <= 1e-2
-
-
-def test_gemv_kernel_refuses_what_it_cannot_run(monkeypatch):
-    w = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
-    monkeypatch.setenv(ENV, "gemv")
-    for x, wt in [(torch.randn(17, 64, device="cuda", dtype=torch.bfloat16), w),  # M > 16
-                  (torch.randn(4, 60, device="cuda", dtype=torch.bfloat16), torch.randn(64, 60, device="cuda", dtype=torch.bfloat16)),  # K % 8
-                  (torch.randn(4, 64, device="cuda"), w.float())]:  # float32
-        with pytest.raises(RuntimeError, match="CUSTOMOPS_FLS_CUDA_KERNEL=gemv cannot run"):
-            customops.fused_linear_sigmoid(x, wt)
-
-
 SMALL_M_SHAPES = [  # (M, K, N): n-tile edges (8, 16, 32, 64 rows), 128-row blocks, k steps and chunks
     (1, 4096, 4096), (3, 72, 129), (8, 8, 1), (9, 4104, 127), (16, 1024, 256), (17, 520, 300),
     (32, 4096, 1000), (33, 8, 1), (64, 1000, 256), (64, 8192, 520), (1, 16384, 136), (2, 512, 20000),
@@ -238,8 +210,8 @@ def test_default_dispatch(monkeypatch, m, k, n, dtype):
 
 
 DISPATCH_CASES = [  # (M, K, N, dtype, the kernel choose_kernel must pick on Hopper with CUTLASS built)
-    (1, 4096, 4096, torch.bfloat16, "gemv"),
-    (8, 256, 8192, torch.float16, "gemv"),
+    (1, 4096, 4096, torch.bfloat16, "small_m"),
+    (8, 256, 8192, torch.float16, "small_m"),
     (8, 256, 8200, torch.bfloat16, "generic"),  # N > 8192
     (9, 256, 256, torch.bfloat16, "generic"),
     (511, 512, 256, torch.bfloat16, "generic"),
@@ -301,7 +273,7 @@ def test_forcing_a_kernel_that_cannot_run_names_it(monkeypatch):
     with pytest.raises(RuntimeError, match="CUSTOMOPS_FLS_CUDA_KERNEL=small_m cannot run"):
         customops.fused_linear_sigmoid(x, w)
     monkeypatch.setenv(ENV, "fastest")
-    with pytest.raises(RuntimeError, match="names no kernel; expected one of generic, gemv, small_m, sm90_pingpong_128x128, "):
+    with pytest.raises(RuntimeError, match="names no kernel; expected one of generic, small_m, sm90_pingpong_128x128, "):
         customops.fused_linear_sigmoid(x, w)
 
 

@@ -49,7 +49,6 @@ CUSTOMOPS_DECLARE_SM90(pingpong_128x128_tf32)
 const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::kGeneric: return "generic";
-    case Kernel::kGemv: return "gemv";
     case Kernel::kSmallM: return "small_m";
     case Kernel::kSm90Pingpong128: return "sm90_pingpong_128x128";
     case Kernel::kSm90Pingpong128Epi64: return "sm90_pingpong_128x128_epi64";
@@ -58,7 +57,7 @@ const char* kernel_name(Kernel k) {
   return "unknown";
 }
 
-constexpr Kernel kAllKernels[] = {Kernel::kGeneric, Kernel::kGemv, Kernel::kSmallM, Kernel::kSm90Pingpong128,
+constexpr Kernel kAllKernels[] = {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128,
                                    Kernel::kSm90Pingpong128Epi64, Kernel::kSm90Coop128x256};
 
 std::optional<Kernel> kernel_from_name(const std::string& name) {
@@ -150,8 +149,7 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
     TORCH_CHECK(
         k.has_value(), "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced,
         " names no kernel; expected one of ", fls_cuda::kernel_names());
-    const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kGemv && fls_cuda::gemv_supported(x2d, weight)) ||
-                    (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
+    const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
                     fls_cuda::sm90_supported(*k, x2d, weight, bias);
     TORCH_CHECK(
         ok, "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced, " cannot run x of shape ", shape_str(x2d.sizes()),
@@ -166,8 +164,7 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   // (16-bit only; Pingpong was faster at 16384x4096x4096, at 4096^3 the runs disagree), at least
   // one 256-wide tile across. In between, the generic path (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
-  const bool hopper = at::cuda::getDeviceProperties(x2d.get_device())->major == 9;
-  if (M <= 8 && N <= 8192 && hopper && fls_cuda::gemv_supported(x2d, weight)) return Kernel::kGemv;
+  if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M < 512) return Kernel::kGeneric;
   // sm90_supported decides what each kernel can run (dtype, TF32 setting, alignment).
   const auto runs = [&](Kernel k) { return fls_cuda::sm90_supported(k, x2d, weight, bias); };
@@ -189,9 +186,6 @@ void linear_sigmoid_cuda(
                  fls_cuda::kernel_name(k), shape_str(x2d.sizes()).c_str(), dtype_name(x2d.scalar_type()));
   }
   switch (k) {
-    case Kernel::kGemv:
-      fls_cuda::gemv_forward(x2d, weight, bias, out2d);
-      break;
     case Kernel::kSmallM:
       fls_cuda::small_m_forward(x2d, weight, bias, out2d);
       break;

@@ -15,7 +15,6 @@ namespace fls_cuda {
 // place) runs everywhere; the others are faster where they apply.
 enum class Kernel {
   kGeneric,
-  kGemv,               // M <= 16: one warp per weight row on the CUDA cores, bias + sigmoid fused
   kSmallM,             // M <= 64: weight-streaming tensor-core kernel, bias + sigmoid fused
   kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64 (TF32: x32), bias + sigmoid in the epilogue
   kSm90Pingpong128Epi64,  // the same with a 64x64 epilogue tile (16-bit only), for K <= 512
@@ -27,9 +26,6 @@ std::optional<Kernel> kernel_from_name(const std::string& name);
 std::string kernel_names();  // every name kernel_from_name accepts, comma-separated (for messages)
 
 // x2d: (M, K); weight: (N, K); bias: (N,) contiguous or absent; out2d: (M, N) contiguous.
-bool gemv_supported(const at::Tensor& x2d, const at::Tensor& weight);
-void gemv_forward(
-    const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d);
 bool small_m_supported(const at::Tensor& x2d, const at::Tensor& weight);
 void small_m_forward(
     const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d);
