@@ -65,6 +65,9 @@ def test_aoti_package_dynamic_batch(uses_all_ops_pt2):
     for x in (torch.randn(12, 5).t(), torch.randn(10, 12)[::2], torch.randn(1, 12).expand(5, 12)):
         assert not x.is_contiguous()
         torch.testing.assert_close(runner(x), model(x))
+    # A wrong shape: the package's own message names only a dimension index; ours adds the inputs.
+    with pytest.raises(RuntimeError, match=r"refused inputs of \(shape, dtype\) \[\(\[12\], 'float32'\)\]"):
+        runner(torch.randn(12))
 
 
 def test_onnx_standard_ops_dynamic_batch_and_onnxruntime(model, tmp_path):
@@ -102,6 +105,21 @@ def test_missing_and_corrupt_files_give_clear_errors(tmp_path):
     corrupt.write_bytes(b"this is not a model")
     with pytest.raises(RuntimeError, match="could not load TorchScript model .*corrupt.pt"):
         load_torchscript(str(corrupt))
+
+
+def test_aoti_export_of_an_input_without_batch_dimension_says_so(model, tmp_path):
+    # A 1-D example (64,) makes export mark the features as the batch, which the model fixes.
+    from customops.export import export_aoti
+
+    with pytest.raises(ValueError, match=r"fixes dim 0 of an input.*shapes are \[\[12\]\]; a 1-D input has no batch dimension"):
+        export_aoti(model, torch.randn(12), str(tmp_path / "m.pt2"))
+    assert not (tmp_path / "m.pt2").exists()
+
+
+def test_command_line_input_shape_without_batch_dimension(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "customops.export", "customops.train_digits:make_model", "--input-shape",
+                          "64", "--formats", "pt2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and "a 1-D input has no batch dimension" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):

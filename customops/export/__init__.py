@@ -41,6 +41,14 @@ def _batch_spec(example_inputs: Sequence[torch.Tensor], max_batch: int):
     return inputs, tuple({0: batch} for _ in inputs)
 
 
+def _batch_hint(inputs) -> str:
+    hint = f"The example inputs' shapes are {[list(t.shape) for t in inputs]}"
+    if any(t.dim() == 1 for t in inputs):
+        hint += ("; a 1-D input has no batch dimension: give it one, e.g. shape (batch, 64) for a model of "
+                 "64 input features (--input-shape 8,64), not (64,)")
+    return hint + "."
+
+
 def export_torchscript(model: nn.Module, example_inputs, path: str, trace: bool = False) -> str:
     """Writes ``model`` as TorchScript: ``torch.jit.script`` (``trace=True``: ``torch.jit.trace``
     on ``example_inputs``, which scripting does not need: pass None). Load it in C++ with ``torch::jit::load`` once the op library is
@@ -62,7 +70,15 @@ def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DE
     is compiled for the device of ``example_inputs``. Load it with
     ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns the path."""
     inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
-    program = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+    try:
+        program = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
+        if "Constraints violated (batch)" not in str(e):
+            raise
+        raise ValueError(
+            "customops: the model fixes dim 0 of an input, which export makes the dynamic batch dimension. "
+            + _batch_hint(inputs) + f"\n(torch.export: {str(e).splitlines()[0]})"
+        ) from e
     # The batch is exported as 1..max_batch, but torch.export treats 0 and 1 specially and
     # records a lower bound of 2; the packages' runtime input checks (which customops' loaders
     # turn on) would then refuse a batch of 1, which the compiled code handles.
@@ -98,7 +114,8 @@ def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DE
             os.remove(os.fspath(path))
             raise ValueError(
                 f"customops: the model's input {graph_input.name!r} cannot have a dynamic batch dimension "
-                "(dim 0); the model fixes it (check with torch.export.export and dynamic_shapes)"
+                "(dim 0); the model fixes it (check with torch.export.export and dynamic_shapes). "
+                + _batch_hint(inputs)
             )
     return path
 
@@ -170,7 +187,7 @@ def load_aoti(path: str):
     except Exception as e:  # the loader raises several types for a bad archive
         raise RuntimeError(f"customops: could not load AOTInductor package {path!r}: {e}") from e
 
-    def run(*args, **kwargs):
+    def call(*args, **kwargs):
         # A package checks its inputs' strides against the example it was exported with
         # (row-major from this module's exporters), where TorchScript takes any strides: so
         # non-contiguous inputs run as contiguous copies first, and as given if the package
@@ -181,6 +198,16 @@ def load_aoti(path: str):
             return package(*(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
         except RuntimeError:
             return package(*args, **kwargs)
+
+    def run(*args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except RuntimeError as e:
+            # The package's own check names only a dimension index ("unmatched dim value at 1").
+            given = [(list(a.shape), str(a.dtype).removeprefix("torch.")) for a in args if isinstance(a, torch.Tensor)]
+            raise RuntimeError(
+                f"customops: AOTInductor package {path!r} refused inputs of (shape, dtype) {given}: {e}"
+            ) from e
 
     run.package = package  # the loader's own object (metadata, call spec)
     return run
