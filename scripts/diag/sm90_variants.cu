@@ -4,7 +4,8 @@
 // builds run in parallel) and linked into one shared library with a C entry point per variant,
 // called through ctypes with raw pointers: no torch ABI, so it runs under any torch version.
 // CUTLASS's Sigmoid as 0.5 * tanh(z / 2) + 0.5 (tanh.approx), as the library used it before its
-// own EVT (variants 0-22 and 26).
+// own EVT: the LinComb variants that keep CUTLASS's Sigmoid (all of 0-22 and 26 but 6 and 20,
+// bias only, and 18, 19, 21, 22, which bring their own).
 #define CUTLASS_USE_TANH_FOR_SIGMOID 1
 #include "../../csrc/ops/fused_linear_sigmoid/sm90/gemm_bias_sigmoid.cuh"
 
