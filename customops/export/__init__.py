@@ -68,7 +68,8 @@ def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DE
     """Writes an AOTInductor package (``.pt2``): ``torch.export.export`` with a dynamic batch
     dimension (1..``max_batch``), then ``torch._inductor.aoti_compile_and_package``. The package
     is compiled for the device of ``example_inputs``. Load it with
-    ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns the path."""
+    ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns the path.
+    Raises ValueError when the model fixes dim 0 of an input (a 1-D example input, for one)."""
     inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
     try:
         program = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
@@ -176,7 +177,8 @@ def load_aoti(path: str):
     first); returns a callable that takes the exported model's inputs, of any strides
     (non-contiguous tensors run as contiguous copies when the package expects row-major
     inputs, as :func:`export_aoti`'s packages do); the loader's own object is its ``package``
-    attribute. Raises FileNotFoundError / RuntimeError as :func:`load_torchscript`."""
+    attribute. Raises FileNotFoundError / RuntimeError as :func:`load_torchscript`; the callable
+    raises RuntimeError naming the inputs' shapes and dtypes when the package refuses them."""
     _check_file(path)
     customops.load_library()
     # Packages check input shapes and dtypes only when this is set (read once per process);
