@@ -9,6 +9,10 @@
 #define CUTLASS_USE_TANH_FOR_SIGMOID 1
 #include "../../csrc/ops/fused_linear_sigmoid/sm90/gemm_bias_sigmoid.cuh"
 
+// CUTLASS's fusion operations and activations, for the LinComb variants (the library uses its own EVT).
+#include <cutlass/epilogue/fusion/operations.hpp>
+#include <cutlass/epilogue/thread/activation.h>
+
 namespace {
 using namespace cute;
 using BF = cutlass::bfloat16_t;
