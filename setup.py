@@ -1,39 +1,64 @@
-"""Builds customops' op library (customops/_C.abi3.so) with torch.utils.cpp_extension.
+"""Builds customops' op library and C++ server with torch.utils.cpp_extension.
 
-With a CUDA build of torch and a CUDA toolkit (CUDA_HOME, or nvcc on PATH), both the CPU
-and the CUDA kernels are compiled; with a CPU-only torch, the CPU kernels alone.
+Outputs, inside the package (a wheel carries them; an editable install writes them in place):
+  customops/lib/libcustomops.so    the op library (SONAME libcustomops.so, no libpython)
+  customops/lib/build_info.json    what went into it: torch version, CUDA architectures, ...
+  customops/bin/customops_serve    the C++ server (cpp/customops_serve.cpp)
+Committed beside them: customops/include/ (the C++ API) and customops/share/cmake/ (the CMake
+package), so a wheel is a complete C++ SDK.
+
+With a CUDA build of torch and a CUDA toolkit (CUDA_HOME, or nvcc on PATH), both the CPU and
+the CUDA kernels are compiled; with a CPU-only torch, the CPU kernels alone. Objects persist
+in build/<torch version>-<cpu|cuda>/, so a rebuild recompiles only what changed (ninja).
 
 Environment:
   CUSTOMOPS_WITH_CUDA=0|1   force the CUDA kernels off or on (default: auto).
-  TORCH_CUDA_ARCH_LIST      CUDA architectures (default: the visible GPUs', else "9.0"); "9.0"
-                            is built as "9.0a", the Hopper target that wgmma and TMA need.
+  TORCH_CUDA_ARCH_LIST      CUDA architectures (default: those the installed torch was built
+                            for, torch.cuda.get_arch_list(), the newest also as PTX); "9.0" is
+                            built as "9.0a", the Hopper target that wgmma and TMA need.
   CUSTOMOPS_CUTLASS_DIR     CUTLASS checkout (include/ and tools/util/include/); default: the
-                            headers of the nvidia-cutlass pip package. Without CUTLASS the
-                            Hopper GEMM kernels (csrc/ops/*/sm90/) are left out.
+                            headers of the nvidia-cutlass pip package. Without CUTLASS, or
+                            without 9.0 among the architectures, the Hopper GEMM kernels
+                            (csrc/ops/*/sm90/) are left out.
   MAX_JOBS                  parallel compile jobs (ninja).
-
-The library holds only TORCH_LIBRARY registrations: it is loaded with torch.ops.load_library
-(never imported as a Python module), so it has no libpython dependency and C++ LibTorch
-programs can load it too.
 """
 
 import glob
+import json
 import os
+import shutil
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
-from torch.utils import cpp_extension
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:
+    sys.exit(
+        "customops: the build needs the torch it will run with, and none is importable here. Build "
+        "without isolation, against your installed torch:\n"
+        "    pip install --no-build-isolation .     (or: pip wheel --no-build-isolation .)\n"
+        "(an isolated build would compile against a second, downloaded torch)."
+    )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "customops", "_version.py")) as _f:
+    VERSION = _f.read().split('"')[1]
+# The library is tied to this exact torch build (its C++ ABI): the wheel says so.
+TORCH_VERSION = torch.__version__.split("+")[0]
 
 
 def _want_cuda() -> bool:
-    import torch
-
     forced = os.environ.get("CUSTOMOPS_WITH_CUDA")
     if forced is not None:
         return forced == "1"
     return torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
+
+
+WITH_CUDA = _want_cuda()
+BUILD_DIR = os.path.join(ROOT, "build", f"torch{torch.__version__}-{'cuda' if WITH_CUDA else 'cpu'}")
 
 
 def _cuda_library_includes() -> list:
@@ -65,79 +90,200 @@ def _cutlass_includes() -> list:
 
 
 def _cuda_arch_list() -> list:
-    import torch
-
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if archs:
         archs = archs.replace(";", " ").split()
-    elif torch.cuda.is_available():
-        archs = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
     else:
-        archs = ["9.0"]
+        # What the installed torch runs on (for the CUDA 13 wheels, Turing through Blackwell),
+        # the newest also as PTX so that later GPUs JIT-compile it.
+        archs = ["%s.%s" % (a[3:-1], a[-1]) for a in torch.cuda.get_arch_list() if a.startswith("sm_")]
+        archs = archs or ["9.0"]
+        archs[-1] += "+PTX"
     # sm_90a cubins run on every compute capability 9.0 GPU and admit wgmma/TMA.
-    return ["9.0a" if a == "9.0" else a for a in archs]
+    return [a.replace("9.0", "9.0a") if a.split("+")[0] == "9.0" else a for a in archs]
 
 
-def _write_build_info(with_cuda: bool, archs=None, cutlass=False) -> None:
-    # What went into the library, for `python -m customops.doctor` (not tracked by git).
-    import json
+def _nvidia_lib_dirs() -> list:
+    """pip's CUDA libraries (cudart, cuBLAS, ...) relative to site-packages, as torch's own
+    libraries find them."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    return sorted(
+        os.path.relpath(d, site) for base in nvidia.__path__ for d in glob.glob(os.path.join(base, "*", "lib"))
+    )
 
-    import torch
 
-    info = {
-        "built_against_torch": torch.__version__,
-        "cuda_kernels": with_cuda,
-        "cuda_arch_list": " ".join(archs) if with_cuda else None,
-        "cutlass_sm90_kernels": cutlass,
-    }
-    with open(os.path.join(ROOT, "customops", "_build_info.json"), "w") as f:
-        json.dump(info, f, indent=1)
+def _write_if_changed(path: str, text: str) -> None:
+    # An unchanged file keeps its mtime, so ninja does not recompile what includes it.
+    if os.path.exists(path):
+        with open(path) as f:
+            if f.read() == text:
+                return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def _extension():
-    with_cuda = _want_cuda()
-    # Autograd and autocast kernels are device-independent C++ and build with the CPU kernels.
-    cpu_sources = ["csrc/registration.cpp"] + sorted(
+    cpu_sources = ["csrc/registration.cpp", "csrc/api.cpp"] + sorted(
         glob.glob("csrc/ops/*/*_cpu.cpp") + glob.glob("csrc/ops/*/*_autograd.cpp") + glob.glob("csrc/ops/*/*_autocast.cpp")
     )
     cuda_sources = sorted(glob.glob("csrc/ops/*/*_cuda.cu"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
+    include_dirs = [os.path.join(ROOT, "customops", "include"), os.path.join(BUILD_DIR, "generated")]
+    info = {
+        "customops": VERSION,
+        "torch": torch.__version__,
+        "cuda_kernels": WITH_CUDA,
+        "cuda_archs": [],
+        "cutlass_sm90_kernels": False,
+    }
     # py_limited_api keeps torch_python (and so libpython) off the link line.
-    kwargs = dict(
-        name="customops._C",
-        extra_compile_args={"cxx": cxx_flags},
-        py_limited_api=True,
+    kwargs = dict(name="customops.lib.libcustomops", py_limited_api=True, extra_link_args=["-Wl,-soname,libcustomops.so"])
+    if not WITH_CUDA:
+        info["summary"] = "customops: building the CPU kernels only"
+        ext = cpp_extension.CppExtension(sources=cpu_sources, include_dirs=include_dirs,
+                                         extra_compile_args={"cxx": cxx_flags}, **kwargs)
+    else:
+        archs = _cuda_arch_list()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
+        nvcc_flags = ["-O3", "-DCUSTOMOPS_WITH_CUDA", "--expt-relaxed-constexpr"]
+        include_dirs += _cuda_library_includes()
+        cutlass = _cutlass_includes()
+        with_sm90 = bool(cutlass) and any(a.startswith("9.0a") for a in archs)
+        if with_sm90:
+            cuda_sources += sorted(glob.glob("csrc/ops/*/sm90/*.cu"))
+            include_dirs += cutlass
+            nvcc_flags += ["-DCUSTOMOPS_WITH_CUTLASS", "--expt-extended-lambda", "-DNDEBUG"]
+        info["summary"] = (
+            f"customops: building CPU and CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}; "
+            + ("CUTLASS sm90a GEMM kernels included" if with_sm90 else
+               "no CUTLASS sm90a kernels (" + ("pip install nvidia-cutlass" if not cutlass else "no 9.0 in the arch list") + ")"))
+        info.update(cuda_archs=archs, cutlass_sm90_kernels=with_sm90)
+        ext = cpp_extension.CUDAExtension(
+            sources=cpu_sources + cuda_sources,
+            include_dirs=include_dirs,
+            extra_compile_args={"cxx": cxx_flags + ["-DCUSTOMOPS_WITH_CUDA"], "nvcc": nvcc_flags},
+            **kwargs,
+        )
+    # The library reports its own build (torch.ops.customops._build_info), so a report never
+    # mixes one install's library with another's metadata.
+    summary = info.pop("summary")
+    _write_if_changed(
+        os.path.join(BUILD_DIR, "generated", "customops_build_info.h"),
+        "#pragma once\n#define CUSTOMOPS_BUILD_INFO_JSON R\"json(" + json.dumps(info, sort_keys=True) + ")json\"\n"
+        "#define CUSTOMOPS_CUDA_ARCH_LIST \"" + " ".join(info["cuda_archs"]) + "\"\n",
     )
-    if not with_cuda:
-        _write_build_info(False)
-        print("customops: building the CPU kernels only", file=sys.stderr)
-        return cpp_extension.CppExtension(sources=cpu_sources, **kwargs)
-    archs = _cuda_arch_list()
-    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
-    nvcc_flags = ["-O3", "-DCUSTOMOPS_WITH_CUDA", "--expt-relaxed-constexpr"]
-    include_dirs = _cuda_library_includes()
-    cutlass = _cutlass_includes()
-    with_sm90 = bool(cutlass) and "9.0a" in archs
-    if with_sm90:
-        cuda_sources += sorted(glob.glob("csrc/ops/*/sm90/*.cu"))
-        include_dirs += cutlass
-        nvcc_flags += ["-DCUSTOMOPS_WITH_CUTLASS", "--expt-extended-lambda", "-DNDEBUG"]
-    print(
-        f"customops: building CPU and CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}; "
-        + ("CUTLASS sm90a GEMM kernels included" if with_sm90 else
-           "no CUTLASS sm90a kernels (" + ("pip install nvidia-cutlass" if not cutlass else "no 9.0 in the arch list") + ")"),
-        file=sys.stderr,
-    )
-    _write_build_info(True, archs, with_sm90)
-    kwargs["extra_compile_args"]["nvcc"] = nvcc_flags
-    kwargs["extra_compile_args"]["cxx"] = cxx_flags + ["-DCUSTOMOPS_WITH_CUDA"]
-    return cpp_extension.CUDAExtension(sources=cpu_sources + cuda_sources, include_dirs=include_dirs, **kwargs)
+    return ext, info, summary
+
+
+EXTENSION, BUILD_INFO, SUMMARY = _extension()
+
+
+class BuildExt(cpp_extension.BuildExtension):
+    """torch's BuildExtension with a persistent build folder, an rpath to torch's libraries
+    next to the package, the build's metadata beside the library, and the C++ server."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # setuptools' editable install builds in a fresh temporary folder: keep the objects.
+        self.build_temp = BUILD_DIR
+
+    def build_extensions(self):
+        print(SUMMARY, file=sys.stderr, flush=True)
+        if not cpp_extension.is_ninja_available():
+            try:
+                import ninja
+
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            except ImportError:
+                pass
+        if not cpp_extension.is_ninja_available():
+            print("customops: ninja not found, compiling one file at a time (about twice as slow): "
+                  "pip install ninja", file=sys.stderr)
+            self.use_ninja = False
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        rpath = ["$ORIGIN/../../torch/lib"] + [f"$ORIGIN/../../{d}" for d in _nvidia_lib_dirs()]
+        if self.in_source:  # a library in the source tree finds torch where it was built
+            rpath += [os.path.join(site, "torch", "lib")] + [os.path.join(site, d) for d in _nvidia_lib_dirs()]
+        for ext in self.extensions:
+            ext.extra_link_args = list(ext.extra_link_args) + ["-Wl,-rpath," + ":".join(rpath), "-ldl"]
+        super().build_extensions()
+
+    def build_extension(self, ext):
+        # The CUTLASS kernels are Hopper-only (sm_90a): compile them for that architecture
+        # alone, the other CUDA files for every architecture of the list.
+        compile_all = self.compiler.compile
+
+        def compile_split(sources, *args, **kwargs):
+            sm90 = [s for s in sources if os.sep + "sm90" + os.sep in s]
+            objects = compile_all([s for s in sources if s not in sm90], *args, **kwargs)
+            if sm90:
+                archs = os.environ["TORCH_CUDA_ARCH_LIST"]
+                os.environ["TORCH_CUDA_ARCH_LIST"] = "9.0a"
+                try:
+                    objects += compile_all(sm90, *args, **kwargs)
+                finally:
+                    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+            return objects
+
+        self.compiler.compile = compile_split
+        try:
+            super().build_extension(ext)
+        finally:
+            self.compiler.compile = compile_all
+
+    def run(self):
+        self.in_source = self.inplace or self.editable_mode  # setuptools clears inplace while it builds
+        if self.in_source:
+            os.makedirs(os.path.join(ROOT, "customops", "lib"), exist_ok=True)
+        super().run()
+        library = self.get_ext_fullpath(EXTENSION.name)
+        if self.in_source:
+            library = self._get_inplace_equivalent(self.get_finalized_command("build_py"), EXTENSION)[0]
+        lib_dir = os.path.dirname(library)
+        info = dict(BUILD_INFO)
+        if self.in_source:  # where the CMake package finds torch, which is not beside a checkout
+            info["torch_cmake_dir"] = os.path.normpath(os.path.join(cpp_extension.TORCH_LIB_PATH, "..", "share", "cmake", "Torch"))
+        _write_if_changed(os.path.join(lib_dir, "build_info.json"), json.dumps(info, indent=1) + "\n")
+        self._build_server(library, os.path.join(os.path.dirname(lib_dir), "bin", "customops_serve"))
+
+    def _build_server(self, library: str, binary: str) -> None:
+        cuda = BUILD_INFO["cuda_kernels"]
+        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        rpath = ["$ORIGIN/../lib", "$ORIGIN/../../torch/lib"] + (
+            [torch_lib] if self.in_source else [])
+        source = os.path.join(ROOT, "cpp", "customops_serve.cpp")
+        cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++20",
+               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", source, "-o", binary,
+               "-I" + os.path.join(ROOT, "customops", "include")]
+        cmd += ["-I" + d for d in cpp_extension.include_paths()]
+        # --no-as-needed: the server calls few of the library's symbols directly, and its op
+        # registrations must load with it.
+        cmd += ["-L" + os.path.dirname(library), "-L" + torch_lib, "-Wl,--no-as-needed", "-lcustomops",
+                "-ltorch", "-ltorch_cpu", "-lc10"] + (["-ltorch_cuda", "-lc10_cuda"] if cuda else [])
+        cmd += ["-Wl,--as-needed", "-Wl,-rpath," + ":".join(rpath)]
+        # Recompiled only when its source, the library or the command changes.
+        stamp = os.path.join(BUILD_DIR, "customops_serve-%s.cmd" % ("source" if self.in_source else "wheel"))
+        if os.path.exists(binary) and os.path.exists(stamp) and open(stamp).read() == " ".join(cmd) and \
+                os.path.getmtime(binary) >= max(os.path.getmtime(source), os.path.getmtime(library)):
+            return
+        os.makedirs(os.path.dirname(binary), exist_ok=True)
+        print("customops: compiling the C++ server customops_serve (about a minute)", file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True)
+        _write_if_changed(stamp, " ".join(cmd))
 
 
 setup(
+    version=VERSION,
     packages=find_packages(include=["customops", "customops.*"]),
-    package_data={"customops": ["_build_info.json"]},
-    ext_modules=[_extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    # lib/ and bin/ are written by BuildExt (into build/ for a wheel, in place when editable).
+    package_data={"customops": ["include/customops/*.h", "share/cmake/customops/*.cmake"]},
+    ext_modules=[EXTENSION],
+    cmdclass={"build_ext": BuildExt.with_options(no_python_abi_suffix=True)},
+    install_requires=[f"torch=={TORCH_VERSION}", "numpy"],
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

@@ -24,6 +24,7 @@ from typing import Dict, List
 import torch
 
 import customops
+from customops._library import missing_arch_message
 from customops.testing import OP_SPECS
 from customops.testing import paths as _paths
 
@@ -88,17 +89,23 @@ def environment() -> Dict[str, str]:
         "op library": customops.library_path(),
         "kernels compiled": ", ".join(customops.compiled_backends()),
     }
-    build_info = os.path.join(os.path.dirname(customops.__file__), "_build_info.json")
-    if os.path.exists(build_info):
-        with open(build_info) as f:
-            built = json.load(f)
-        info["library built against torch"] = built.get("built_against_torch")
-        if built.get("cuda_kernels"):
-            info["CUDA architectures compiled"] = built.get("cuda_arch_list")
+    built = customops.build_info()  # as the loaded library reports itself
+    info["library built against torch"] = built.get("torch")
+    if built.get("cuda_kernels"):
+        info["CUDA architectures compiled"] = " ".join(built.get("cuda_archs", []))
+        info["CUTLASS sm90a kernels"] = "yes" if built.get("cutlass_sm90_kernels") else "no"
+    for name, where in (("C++ server", customops.server_path), ("CMake prefix path", customops.cmake_prefix_path)):
+        try:
+            info[name] = where()
+        except FileNotFoundError as e:
+            info[name] = f"missing ({e})"
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             info[f"GPU {i}"] = f"{p.name}, compute capability {p.major}.{p.minor}, {p.total_memory / 2**30:.0f} GiB"
+            missing = missing_arch_message((p.major, p.minor), p.name, built.get("cuda_archs", []))
+            if built.get("cuda_kernels") and missing:
+                info[f"GPU {i}"] += " -- NO CODE FOR IT IN THIS BUILD: " + missing
         info["CUDA archs in torch"] = " ".join(torch.cuda.get_arch_list())
     else:
         info["GPU"] = "none visible"

@@ -1,7 +1,7 @@
 """The main job: train an MLP of FusedLinearSigmoid layers on scikit-learn's handwritten digits
 (1,797 8x8 images, 10 classes, shipped inside scikit-learn: no download), export it as
 TorchScript, an AOTInductor package and ONNX, and check that every form (eager, torch.compile,
-the loaded exports, the C++ server export/cpp/customops_serve, ONNX Runtime) gives the same
+the loaded exports, the C++ server customops_serve, ONNX Runtime) gives the same
 predictions on the held-out set.
 
     python -m customops.train_digits [--epochs 30] [--device cpu|cuda] [--export-dir DIR]
@@ -123,14 +123,15 @@ def table_row(name, logits, y, reference, ms):
 
 
 def cpp_rows(paths, x, y, reference, work_dir, skipped):
-    """Runs the held-out set through the C++ server (export/cpp/customops_serve, built here
-    with torch's CMake package) for the TorchScript and AOTInductor exports."""
-    from customops.export.cpp import build_serve, run_serve
+    """Runs the held-out set through the C++ server customops_serve (shipped in the package)
+    for the TorchScript and AOTInductor exports."""
+    from customops import server_path
+    from customops.export.cpp import run_serve
 
     try:
-        binary = build_serve()
-    except RuntimeError as e:
-        skipped["C++ customops_serve"] = str(e).splitlines()[0]
+        binary = server_path()
+    except FileNotFoundError as e:
+        skipped["C++ customops_serve"] = str(e)
         return []
     rows = []
     for fmt in ("pt", "pt2"):
@@ -153,7 +154,11 @@ def main(argv=None) -> int:
     print(f"digits: {len(y_train)} train / {len(y_test)} test images, device {device}, torch {torch.__version__}")
     model = train(make_model().to(device), x_train, y_train, args.epochs, show_progress=not args.no_progress)
 
-    export_dir = args.export_dir or tempfile.mkdtemp(prefix="customops-digits-")
+    with tempfile.TemporaryDirectory(prefix="customops-digits-") as tmp:
+        return _evaluate(model, x_test, y_test, args.export_dir or tmp)
+
+
+def _evaluate(model, x_test, y_test, export_dir) -> int:
     forms, paths, skipped = model_forms(model, x_test, export_dir)
     print("exported: " + ", ".join(f"{fmt} {path}" for fmt, path in paths.items()))
     with torch.no_grad():

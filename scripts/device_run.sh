@@ -45,7 +45,9 @@ if ls .whl/*.whl > /dev/null 2>&1; then
 fi
 
 t0=$SECONDS
-if [ "${SKIP_BUILD:-0}" = 1 ] && [ -f customops/_C.abi3.so ]; then
+# The H200 alone (sm_90a): a default build would compile every architecture torch supports.
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -f customops/lib/libcustomops.so ]; then
   echo "build: skipped (SKIP_BUILD=1, the library from the previous call on this machine)" > "$OUT/build.log"
 elif ! python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"; echo "BUILD FAILED" | tee -a "$OUT/run.log"; exit 1

@@ -1,5 +1,3 @@
-import shutil
-
 import pytest
 import torch
 
@@ -29,12 +27,8 @@ def device(request):
 
 @pytest.fixture(scope="session")
 def serve():
-    """The C++ server customops_serve (export/cpp), built once per session with cmake."""
-    if shutil.which("cmake") is None:
-        pytest.skip("needs cmake (export/cpp/build.sh)")
-    from customops.export.cpp import build_serve
-
-    return build_serve()
+    """The C++ server customops_serve that the package ships (built with the op library)."""
+    return customops.server_path()
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,8 @@
-"""The C++ server (export/cpp): built with torch's CMake package, it runs TorchScript and
-AOTInductor exports of a model that uses customops' ops, matches Python, has no libpython
-dependency, and fails cleanly on bad files. The find_package(customops) example links and runs."""
+"""The C++ side of the package: the server customops_serve (shipped in the package) runs
+TorchScript and AOTInductor exports of a model that uses customops' ops, matches Python, has no
+libpython dependency, and fails cleanly on bad files; a user's CMake project finds the package
+with find_package(customops 0.1 REQUIRED) from customops.cmake_prefix_path() alone, links
+customops::customops and calls the C++ API."""
 
 import os
 import shutil
@@ -11,9 +13,26 @@ import torch
 
 import customops
 from customops.export import export_torchscript
-from customops.export.cpp import DEFAULT_BUILD, run_serve
+from customops.export.cpp import run_serve
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (export/cpp/build.sh)")
+TESTS_CPP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpp")
+
+
+@pytest.fixture(scope="module")
+def cpp_programs(tmp_path_factory):
+    """tests/cpp built as a user's project: configured with CMAKE_PREFIX_PATH set to
+    customops.cmake_prefix_path() and nothing else."""
+    if shutil.which("cmake") is None:
+        pytest.skip("needs cmake, for a user's CMake project")
+    build = tmp_path_factory.mktemp("cpp_build")
+    env = {k: v for k, v in os.environ.items() if k not in ("CMAKE_PREFIX_PATH", "Torch_DIR")}
+    for cmd in (["cmake", "-S", TESTS_CPP, "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DCMAKE_PREFIX_PATH={customops.cmake_prefix_path()}"],
+                ["cmake", "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")]):
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return {"example": str(build / "example" / "customops_example"),
+            "without_ops": str(build / "customops_serve_without_ops")}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +62,7 @@ def test_serve_takes_any_strides(serve, exported, fmt, tmp_path):
 
 
 def test_no_libpython_dependency(serve):
-    for path in (serve, os.path.join(os.path.dirname(serve), "..", "lib", "libcustomops.so"), customops.library_path()):
+    for path in (serve, customops.library_path()):
         needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
         assert "libpython" not in needed, path
     # Every dependency of the installed binary resolves through its rpath.
@@ -51,8 +70,15 @@ def test_no_libpython_dependency(serve):
     assert "not found" not in needed, needed
 
 
-def test_find_package_example_links_and_runs(serve):
-    out = subprocess.run([os.path.join(DEFAULT_BUILD, "example", "customops_example")], capture_output=True, text=True)
+def test_server_links_the_package_s_library(serve):
+    # The same file Python loads, so a process never holds two copies.
+    needed = subprocess.run(["ldd", serve], capture_output=True, text=True, check=True).stdout
+    line = next(line for line in needed.splitlines() if "libcustomops.so" in line)
+    assert os.path.samefile(line.split("=>")[1].split()[0], customops.library_path())
+
+
+def test_find_package_example_links_and_runs(cpp_programs):
+    out = subprocess.run([cpp_programs["example"]], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "matches ATen" in out.stdout
 
@@ -103,9 +129,9 @@ def test_model_with_several_outputs_is_refused(serve, tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["pt", "pt2"])
-def test_program_without_the_op_library_names_the_op_and_the_fix(serve, exported, fmt, tmp_path):
+def test_program_without_the_op_library_names_the_op_and_the_fix(cpp_programs, exported, fmt, tmp_path):
     _, paths = exported
-    without_ops = os.path.join(DEFAULT_BUILD, "serve", "customops_serve_without_ops")
+    without_ops = cpp_programs["without_ops"]
     x = tmp_path / "x.pt"
     torch.save(torch.randn(2, 12), x)
     out = subprocess.run([without_ops, paths[fmt], str(x), str(tmp_path / "y.pt")], capture_output=True, text=True)

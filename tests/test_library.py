@@ -13,7 +13,7 @@ import customops
 
 def test_library_path_exists():
     path = customops.library_path()
-    assert os.path.isfile(path) and os.path.basename(path).startswith("_C")
+    assert os.path.isfile(path) and os.path.basename(path) == "libcustomops.so"
 
 
 @pytest.mark.skipif(shutil.which("ldd") is None or shutil.which("nm") is None, reason="needs ldd and nm (binutils)")

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "../common/autograd_utils.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -39,7 +40,7 @@ at::Tensor add_autograd(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, Autograd, m) {
+CUSTOMOPS_LIBRARY_IMPL(Autograd, m) {
   m.impl("add", &add_autograd);
 }
 

@@ -6,6 +6,7 @@
 
 #include "../common/checks.h"
 #include "../common/cpu_utils.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -26,7 +27,7 @@ at::Tensor add_cpu(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, CPU, m) {
+CUSTOMOPS_LIBRARY_IMPL(CPU, m) {
   m.impl("add", &add_cpu);
 }
 

@@ -5,6 +5,7 @@
 
 #include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -32,7 +33,7 @@ at::Tensor add_cuda(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, CUDA, m) {
+CUSTOMOPS_LIBRARY_IMPL(CUDA, m) {
   m.impl("add", &add_cuda);
 }
 

@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -28,11 +29,11 @@ using LowerPrecisionFp = at::autocast::WrapFunction<
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, AutocastCUDA, m) {
+CUSTOMOPS_LIBRARY_IMPL(AutocastCUDA, m) {
   m.impl("fused_linear_sigmoid", &LowerPrecisionFp<c10::DeviceType::CUDA>::type::call);
 }
 
-TORCH_LIBRARY_IMPL(customops, AutocastCPU, m) {
+CUSTOMOPS_LIBRARY_IMPL(AutocastCPU, m) {
   m.impl("fused_linear_sigmoid", &LowerPrecisionFp<c10::DeviceType::CPU>::type::call);
 }
 

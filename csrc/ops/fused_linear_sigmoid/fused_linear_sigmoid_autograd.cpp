@@ -17,6 +17,7 @@
 
 #include "../common/autograd_utils.h"
 #include "fused_linear_sigmoid.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -123,7 +124,7 @@ BackwardOutputs fused_linear_sigmoid_backward_autograd(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, Autograd, m) {
+CUSTOMOPS_LIBRARY_IMPL(Autograd, m) {
   m.impl("fused_linear_sigmoid", &fused_linear_sigmoid_autograd);
   m.impl("fused_linear_sigmoid_backward", &fused_linear_sigmoid_backward_autograd);
 }

@@ -4,6 +4,7 @@
 
 #include "../sigmoid/sigmoid.h"
 #include "fused_linear_sigmoid.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -26,7 +27,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cpu
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, CPU, m) {
+CUSTOMOPS_LIBRARY_IMPL(CPU, m) {
   m.impl("fused_linear_sigmoid", &fused_linear_sigmoid_cpu);
   m.impl("fused_linear_sigmoid_backward", &fused_linear_sigmoid_backward_cpu);
 }

@@ -26,6 +26,7 @@
 #include "../sigmoid/sigmoid.h"
 #include "fused_linear_sigmoid.h"
 #include "fused_linear_sigmoid_cuda.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace fls_cuda {
@@ -311,7 +312,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cud
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, CUDA, m) {
+CUSTOMOPS_LIBRARY_IMPL(CUDA, m) {
   m.impl("fused_linear_sigmoid", &fused_linear_sigmoid_cuda);
   m.impl("fused_linear_sigmoid_backward", &fused_linear_sigmoid_backward_cuda);
 }

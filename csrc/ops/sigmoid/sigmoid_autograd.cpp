@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include "../common/autograd_utils.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -72,7 +73,7 @@ at::Tensor sigmoid_backward_autograd(const at::Tensor& grad_out, const at::Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, Autograd, m) {
+CUSTOMOPS_LIBRARY_IMPL(Autograd, m) {
   m.impl("sigmoid", &sigmoid_autograd);
   m.impl("sigmoid_backward", &sigmoid_backward_autograd);
 }

@@ -6,6 +6,7 @@
 #include "../common/cpu_utils.h"
 #include "../common/math.h"
 #include "sigmoid.h"
+#include "../common/library.h"
 
 namespace customops {
 
@@ -39,7 +40,7 @@ at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y)
   return out;
 }
 
-TORCH_LIBRARY_IMPL(customops, CPU, m) {
+CUSTOMOPS_LIBRARY_IMPL(CPU, m) {
   m.impl("sigmoid", &sigmoid_cpu);
   m.impl("sigmoid_backward", &sigmoid_backward_cpu);
 }

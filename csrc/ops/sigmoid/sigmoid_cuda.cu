@@ -6,6 +6,7 @@
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
 #include "sigmoid.h"
+#include "../common/library.h"
 
 namespace customops {
 
@@ -42,7 +43,7 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y
   return out;
 }
 
-TORCH_LIBRARY_IMPL(customops, CUDA, m) {
+CUSTOMOPS_LIBRARY_IMPL(CUDA, m) {
   m.impl("sigmoid", &sigmoid_cuda);
   m.impl("sigmoid_backward", &sigmoid_backward_cuda);
 }

@@ -19,6 +19,7 @@
 #include <tuple>
 
 #include "../common/autograd_utils.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -110,7 +111,7 @@ BackwardOutputs sigmoid_focal_loss_backward_autograd(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, Autograd, m) {
+CUSTOMOPS_LIBRARY_IMPL(Autograd, m) {
   m.impl("sigmoid_focal_loss", &sigmoid_focal_loss_autograd);
   m.impl("sigmoid_focal_loss_backward", &sigmoid_focal_loss_backward_autograd);
 }

@@ -16,6 +16,7 @@
 
 #include "../common/cpu_utils.h"
 #include "sigmoid_focal_loss.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -104,7 +105,7 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, CPU, m) {
+CUSTOMOPS_LIBRARY_IMPL(CPU, m) {
   m.impl("sigmoid_focal_loss", &sigmoid_focal_loss_cpu);
   m.impl("sigmoid_focal_loss_backward", &sigmoid_focal_loss_backward_cpu);
 }

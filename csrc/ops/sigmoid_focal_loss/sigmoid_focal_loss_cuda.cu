@@ -21,6 +21,7 @@
 #include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
 #include "sigmoid_focal_loss.h"
+#include "../common/library.h"
 
 namespace customops {
 namespace {
@@ -234,7 +235,7 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(customops, CUDA, m) {
+CUSTOMOPS_LIBRARY_IMPL(CUDA, m) {
   m.impl("sigmoid_focal_loss", &sigmoid_focal_loss_cuda);
   m.impl("sigmoid_focal_loss_backward", &sigmoid_focal_loss_backward_cuda);
 }
