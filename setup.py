@@ -32,6 +32,14 @@ import sys
 
 from setuptools import find_packages, setup
 
+# One CUDA toolkit for every build of a tree, whoever starts it (setup.sh, pip, setup.py):
+# compile commands name it, and ninja recompiles everything when a command changes.
+if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
+    if os.path.exists("/usr/local/cuda/bin/nvcc"):
+        os.environ["CUDA_HOME"] = "/usr/local/cuda"
+    elif shutil.which("nvcc"):
+        os.environ["CUDA_HOME"] = os.path.dirname(os.path.dirname(os.path.realpath(shutil.which("nvcc"))))
+
 try:
     import torch
     from torch.utils import cpp_extension
@@ -44,6 +52,14 @@ except ImportError:
     )
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# Always the same ninja (the pip package's when installed, else PATH's): ninja versions hash
+# commands differently, so switching between two recompiles everything.
+try:
+    import ninja
+
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+except ImportError:
+    pass
 with open(os.path.join(ROOT, "customops", "_version.py")) as _f:
     VERSION = _f.read().split('"')[1]
 # The library is tied to this exact torch build (its C++ ABI): the wheel says so.
@@ -194,17 +210,9 @@ class BuildExt(cpp_extension.BuildExtension):
 
     def build_extensions(self):
         print(SUMMARY, file=sys.stderr, flush=True)
-        if not cpp_extension.is_ninja_available():
-            try:
-                import ninja
-
-                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-            except ImportError:
-                pass
-        if not cpp_extension.is_ninja_available():
+        if not self.use_ninja:
             print("customops: ninja not found, compiling one file at a time (about twice as slow): "
                   "pip install ninja", file=sys.stderr)
-            self.use_ninja = False
         site = os.path.dirname(os.path.dirname(torch.__file__))
         rpath = ["$ORIGIN/../../torch/lib"] + [f"$ORIGIN/../../{d}" for d in _nvidia_lib_dirs()]
         if self.in_source:  # a library in the source tree finds torch where it was built

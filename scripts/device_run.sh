@@ -3,10 +3,13 @@
 # run the main job on CUDA, the whole test suite, then the benchmark harness. Everything lands
 # in $OUT (at most 8 files come back).
 #
-#   [DIAG=1] [SKIP_BUILD=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--sanitize] [benchmark args...]
+#   [DIAG=1] [SKIP_BUILD=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--sanitize] [--arch-check] [benchmark args...]
 #
 # A whole run (main job, every test file, benchmark) takes about 10 minutes on the H200;
 # TESTS and --no-main-job cut it to what a change touched.
+#
+# --arch-check also builds a copy of the tree for 8.0 alone and runs it on this GPU: the
+# warning and the launch error must name the GPU's architecture and the rebuild.
 #
 # --sanitize adds compute-sanitizer's memcheck, racecheck and initcheck over the ops' CUDA
 # tests (scripts/sanitize.sh; the log is $OUT/sanitizer.log).
@@ -21,11 +24,13 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} PYTHONPATH=$PWD${PYTHONPATH:+
 run_bench=1
 run_sanitizer=0
 run_main_job=1
+run_arch_check=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) run_bench=0; shift ;;
     --sanitize) run_sanitizer=1; shift ;;
     --no-main-job) run_main_job=0; shift ;;
+    --arch-check) run_arch_check=1; shift ;;
     *) break ;;
   esac
 done
@@ -79,6 +84,22 @@ print("pytest total:", ", ".join(f"{v} {k}" for k, v in totals.items()))
 PY
 echo "pytest took $((SECONDS - t0)) s" | tee -a "$OUT/run.log"
 grep -E "^(FAILED|ERROR)|Fatal Python" "$OUT/pytest.log" | head -30
+
+if [ "$run_arch_check" = 1 ]; then
+  tree=$(mktemp -d)
+  tar --exclude=./build --exclude=./customops/lib --exclude=./customops/bin -cf - . | tar -xf - -C "$tree"
+  (cd "$tree" && TORCH_CUDA_ARCH_LIST=8.0 python3 setup.py build_ext --inplace > "$OUT/arch_build.log" 2>&1 \
+    && PYTHONPATH="$tree:/tmp/site" python3 -W always -c "
+import torch, customops
+print('built for', customops.build_info()['cuda_archs'])
+torch.ones(1, device='cuda')  # CUDA initializes: the warning
+try:
+    customops.add(torch.ones(4, device='cuda'), torch.ones(4, device='cuda'))
+    print('ARCH CHECK: the launch did not fail')
+except RuntimeError as e:
+    print('launch error:', e)
+") 2>&1 | tee -a "$OUT/run.log"
+fi
 
 if [ "$run_sanitizer" = 1 ]; then
   bash scripts/sanitize.sh "$OUT/sanitizer.log" 2>&1 | tee -a "$OUT/run.log"

@@ -15,9 +15,6 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 export MAX_JOBS=${MAX_JOBS:-2}
-if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
-  export CUDA_HOME=/usr/local/cuda
-fi
 if [ -z "${CUSTOMOPS_WITH_CUDA:-}" ]; then
   if nvidia-smi -L > /dev/null 2>&1; then CUSTOMOPS_WITH_CUDA=1; else CUSTOMOPS_WITH_CUDA=0; fi
 fi

@@ -1,23 +1,44 @@
 """Deployment from Python: TorchScript, AOTInductor and ONNX exports with a dynamic batch
-dimension, loaded back (ONNX in a stock onnxruntime) and compared with eager."""
+dimension (and other dynamic dims), loaded back (ONNX in a stock onnxruntime) and compared with
+eager; failed exports leave no files; AOTInductor inputs are checked against the package's
+record of them."""
 
+import importlib.util
+import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
 import customops
+import customops.export
 from customops.export import (
     aoti_python_loading_works,
+    export_aoti,
+    export_model,
     export_onnx,
     export_torchscript,
     load_aoti,
     load_torchscript,
 )
 from customops.nn import FusedLinearSigmoid
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+needs_aoti_python_loading = pytest.mark.skipif(
+    not aoti_python_loading_works(),
+    reason=f"torch {torch.__version__}'s aoti_load_package is known to crash (seen on torch 2.11); "
+    "packages are checked through the C++ loader there",
+)
 
 
 class UsesAllOps(nn.Module):
@@ -50,14 +71,14 @@ def test_torchscript_roundtrip(model, tmp_path):
         torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
 
 
-@pytest.mark.skipif(
-    not aoti_python_loading_works(),
-    reason=f"torch {torch.__version__}'s aoti_load_package is known to crash (seen on torch 2.11); "
-    "packages are checked through the C++ loader there",
-)
-def test_aoti_package_dynamic_batch(uses_all_ops_pt2):
+@needs_aoti_python_loading
+def test_aoti_package_dynamic_batch(uses_all_ops_pt2, monkeypatch):
     model, path = uses_all_ops_pt2
+    monkeypatch.delenv("AOTI_RUNTIME_CHECK_INPUTS", raising=False)
     runner = load_aoti(path)
+    # The loader checks inputs itself, not through AOTInductor's process-wide switch.
+    assert "AOTI_RUNTIME_CHECK_INPUTS" not in os.environ
+    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65536,12"
     for b in BATCHES:
         x = torch.randn(b, 12)
         torch.testing.assert_close(runner(x), model(x))
@@ -65,9 +86,203 @@ def test_aoti_package_dynamic_batch(uses_all_ops_pt2):
     for x in (torch.randn(12, 5).t(), torch.randn(10, 12)[::2], torch.randn(1, 12).expand(5, 12)):
         assert not x.is_contiguous()
         torch.testing.assert_close(runner(x), model(x))
-    # A wrong shape: the package's own message names only a dimension index; ours adds the inputs.
-    with pytest.raises(RuntimeError, match=r"refused inputs of \(shape, dtype\) \[\(\[12\], 'float32'\)\]"):
+    # Wrong rank, feature count, dtype, input count: refused (not read out of bounds), naming
+    # the input, its shape and dtype, and what the package takes.
+    expects = r"it expects dtype float32 and shape \[1-65536, 12\]"
+    with pytest.raises(RuntimeError, match=r"refused input 0 of shape \[12\] and dtype float32: " + expects):
         runner(torch.randn(12))
+    with pytest.raises(RuntimeError, match=r"refused input 0 of shape \[4, 13\] and dtype float32: " + expects):
+        runner(torch.randn(4, 13))
+    with pytest.raises(RuntimeError, match=r"refused input 0 of shape \[4, 12\] and dtype float64: " + expects):
+        runner(torch.randn(4, 12, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="takes 1 tensor inputs, got 2"):
+        runner(torch.randn(4, 12), torch.randn(4, 12))
+
+
+class Tiny(nn.Module):
+    def forward(self, x):
+        return customops.sigmoid(x)
+
+
+@pytest.fixture(scope="module")
+def torch_made_pt2(tmp_path_factory):
+    """A package made with torch's own API (no customops metadata), batch exported as 1..1024."""
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    program = torch.export.export(Tiny(), (torch.randn(4, 3),), dynamic_shapes=({0: batch},))
+    path = str(tmp_path_factory.mktemp("torch_made") / "tiny.pt2")
+    return torch._inductor.aoti_compile_and_package(program, package_path=path)
+
+
+@needs_aoti_python_loading
+def test_aoti_package_made_by_torch_runs_batch_1(torch_made_pt2, monkeypatch):
+    # AOTInductor's own input checks (AOTI_RUNTIME_CHECK_INPUTS=1) refuse batch 1 here: export
+    # records the batch's lower bound as 2. load_aoti must not turn them on.
+    monkeypatch.delenv("AOTI_RUNTIME_CHECK_INPUTS", raising=False)
+    runner = load_aoti(torch_made_pt2)
+    for b in (1, 5):
+        x = torch.randn(b, 3)
+        torch.testing.assert_close(runner(x), torch.sigmoid(x))
+    assert "customops_inputs" not in runner.package.get_metadata()  # so run as given, unchecked
+
+
+class SequenceModel(nn.Module):
+    """(batch, time, 6) -> (batch, time, 5): dims 0 and 1 can be dynamic, dim 2 cannot."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = FusedLinearSigmoid(6, 5)
+
+    def forward(self, x):
+        return customops.sigmoid(self.proj(x))
+
+
+def make_sequence_model():
+    torch.manual_seed(0)
+    return SequenceModel().eval()
+
+
+SEQUENCE_SHAPES = ((1, 1, 6), (2, 7, 6), (5, 40, 6))
+
+
+@pytest.fixture(scope="module")
+def sequence_exports(tmp_path_factory):
+    """(model, {format: path}): SequenceModel exported with dynamic dims 0 and 1 from an example
+    of time 1 (exported at 2)."""
+    model = make_sequence_model()
+    formats = ["pt", "pt2"] + (["onnx"] if _has("onnxscript") else [])
+    out = tmp_path_factory.mktemp("sequence")
+    return model, export_model(model, torch.randn(3, 1, 6), str(out), formats=formats, dynamic_dims=(0, 1))
+
+
+def test_dynamic_time_dim_torchscript(sequence_exports):
+    model, paths = sequence_exports
+    loaded = load_torchscript(paths["pt"])
+    for shape in SEQUENCE_SHAPES:
+        x = torch.randn(shape)
+        torch.testing.assert_close(loaded(x), model(x))
+
+
+@needs_aoti_python_loading
+def test_dynamic_time_dim_aoti(sequence_exports):
+    model, paths = sequence_exports
+    runner = load_aoti(paths["pt2"])
+    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65536,1-65536,6"
+    for shape in SEQUENCE_SHAPES:
+        x = torch.randn(shape)
+        torch.testing.assert_close(runner(x), model(x))
+    with pytest.raises(RuntimeError, match=r"shape \[2, 7, 5\] and dtype float32: .*\[1-65536, 1-65536, 6\]"):
+        runner(torch.randn(2, 7, 5))
+
+
+def test_dynamic_time_dim_onnxruntime(sequence_exports):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    model, paths = sequence_exports
+    dims = onnx.load(paths["onnx"]).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_param and dims[2].dim_value == 6
+    session = ort.InferenceSession(paths["onnx"], providers=["CPUExecutionProvider"])
+    for shape in SEQUENCE_SHAPES:
+        x = torch.randn(shape)
+        out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+        torch.testing.assert_close(torch.from_numpy(out), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_dim_that_the_model_fixes_is_named(tmp_path):
+    # Dim 2 is the features, which the weight fixes; torch.export refuses before compiling.
+    with pytest.raises(ValueError, match="the model fixes dim 2 of input 0, which dynamic_dims makes dynamic"):
+        export_aoti(make_sequence_model(), torch.randn(3, 4, 6), str(tmp_path / "m.pt2"), dynamic_dims=(0, 2))
+    with pytest.raises(ValueError, match="no example input has it"):
+        export_aoti(make_sequence_model(), torch.randn(3, 4, 6), str(tmp_path / "m.pt2"), dynamic_dims=(0, 3))
+    assert os.listdir(tmp_path) == []
+
+
+class DataDependent(nn.Module):
+    """Scripts (TorchScript keeps the branch) but does not torch.export (a data-dependent branch)."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return customops.sigmoid(x)
+        return x
+
+
+def test_failed_export_model_leaves_no_files(tmp_path):
+    # The TorchScript file is written before torch.export fails for the .pt2: it must go too,
+    # while a file of an earlier export stays as it was.
+    (tmp_path / "model.pt2").write_bytes(b"earlier")
+    with pytest.raises(Exception):
+        export_model(DataDependent(), torch.randn(4, 3), str(tmp_path), formats=("pt", "pt2"))
+    assert os.listdir(tmp_path) == ["model.pt2"]
+    assert (tmp_path / "model.pt2").read_bytes() == b"earlier"
+
+
+def test_failed_aoti_compile_leaves_no_partial_package(model, tmp_path, monkeypatch):
+    def writes_half_then_fails(program, package_path, inductor_configs):
+        with open(package_path, "wb") as f:
+            f.write(b"half a package")
+        raise RuntimeError("compiler crashed")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", writes_half_then_fails)
+    with pytest.raises(RuntimeError, match="compiler crashed"):
+        export_aoti(model, torch.randn(8, 12), str(tmp_path / "m.pt2"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_failed_torchscript_export_leaves_nothing(tmp_path):
+    class Unscriptable(nn.Module):
+        def forward(self, *xs):
+            return customops.sigmoid(xs[0])
+
+    with pytest.raises(Exception):
+        export_torchscript(Unscriptable(), None, str(tmp_path / "m.pt"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_onnx_external_data_lands_beside_the_model(model, tmp_path, monkeypatch):
+    # Models over torch.onnx's size threshold (1.5 GB) keep their weights in NAME.onnx.data,
+    # referred to by that name: lower the threshold to get one from a small model.
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from torch.onnx._internal.exporter import _onnx_program
+
+    if not hasattr(_onnx_program, "_LARGE_MODEL_THRESHOLD"):
+        pytest.skip("this torch.onnx has no _LARGE_MODEL_THRESHOLD to lower")
+    monkeypatch.setattr(_onnx_program, "_LARGE_MODEL_THRESHOLD", 0)
+    path = export_onnx(model, torch.randn(8, 12), str(tmp_path / "m.onnx"))
+    assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
+    locations = {entry.value for t in onnx.load(path, load_external_data=False).graph.initializer
+                 for entry in t.external_data if entry.key == "location"}
+    assert locations == {"m.onnx.data"}
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 12)
+    out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(out), model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_torchscript_export_and_load_are_quiet(model, tmp_path):
+    # torch's TorchScript deprecation notices are noise for users of the format.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_torchscript(export_torchscript(model, None, str(tmp_path / "s.pt")))
+        load_torchscript(export_torchscript(model, torch.randn(2, 12), str(tmp_path / "t.pt"), trace=True))
+    noise = [str(w.message) for w in caught if "torch.jit" in str(w.message)]
+    assert not noise, noise
+
+
+def test_onnx_export_is_quiet(model, tmp_path, caplog):
+    # torch.onnx logs a "torchvision is not installed" line per torchvision op on every export.
+    pytest.importorskip("onnxscript")
+    registration = "torch.onnx._internal.exporter._registration"
+    with caplog.at_level(logging.INFO, logger=registration):
+        export_onnx(model, torch.randn(8, 12), str(tmp_path / "m.onnx"))
+        assert logging.getLogger(registration).level == logging.INFO  # restored after the export
+    assert not [r.getMessage() for r in caplog.records if r.name == registration and r.levelno < logging.ERROR]
+
+
+def test_public_names():
+    assert "aoti_python_loading_works" not in customops.export.__all__
+    for name in customops.export.__all__:
+        if name != "ONNX_TRANSLATION_TABLE" or _has("onnxscript"):
+            getattr(customops.export, name)
 
 
 def test_onnx_standard_ops_dynamic_batch_and_onnxruntime(model, tmp_path):
@@ -109,11 +324,9 @@ def test_missing_and_corrupt_files_give_clear_errors(tmp_path):
 
 def test_aoti_export_of_an_input_without_batch_dimension_says_so(model, tmp_path):
     # A 1-D example (64,) makes export mark the features as the batch, which the model fixes.
-    from customops.export import export_aoti
-
     with pytest.raises(ValueError, match=r"fixes dim 0 of an input.*shapes are \[\[12\]\]; a 1-D input has no batch dimension"):
         export_aoti(model, torch.randn(12), str(tmp_path / "m.pt2"))
-    assert not (tmp_path / "m.pt2").exists()
+    assert os.listdir(tmp_path) == []
 
 
 def test_command_line_input_shape_without_batch_dimension(tmp_path):
@@ -135,7 +348,7 @@ def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
 
     with pytest.raises((ValueError, Exception), match="batch"):
         export_onnx(AddsFixedBuffer(), torch.randn(8, 12), str(tmp_path / "fixed.onnx"))
-    assert not (tmp_path / "fixed.onnx").exists()
+    assert os.listdir(tmp_path) == []  # neither the file nor a temporary one
 
 
 @pytest.mark.parametrize(
@@ -144,6 +357,8 @@ def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
         (["customops.train_digits:make_model", "--input-shape", "8x64"], "comma-separated integers"),
         (["customops.train_digits:nope", "--input-shape", "8,64"], "cannot find"),
         (["no_colon", "--input-shape", "8,64"], "package.module:callable"),
+        (["customops.train_digits:make_model", "--input-shape", "8,64", "--dynamic", "0,x"], "dimension indices"),
+        (["customops.train_digits:make_model", "--input-shape", "8,64", "--dynamic", "0,2"], "dimensions 0..1"),
         (["customops.train_digits:make_model", "--input-shape", "8,64", "--state-dict", "/nonexistent/w.pt"],
          "cannot load it with torch.load"),
     ],
@@ -169,3 +384,17 @@ def test_command_line(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert os.path.isfile(tmp_path / "digits.pt") and os.path.isfile(tmp_path / "digits.onnx")
+
+
+def test_command_line_dynamic_dims(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")])))
+    out = subprocess.run(
+        [sys.executable, "-m", "customops.export", "test_export:make_sequence_model", "--input-shape", "3,4,6",
+         "--dynamic", "0,1", "--formats", "onnx", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    dims = onnx.load(str(tmp_path / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_param and dims[2].dim_value == 6

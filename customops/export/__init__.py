@@ -1,7 +1,10 @@
 """Deployment: write a model that uses customops' ops as TorchScript (``.pt``), an AOTInductor
 package (``.pt2``) or ONNX (``.onnx``), and load the first two back.
 
-Every export gets a dynamic batch dimension (dim 0 of each input). Command line::
+Every export gets a dynamic batch dimension (dim 0 of each input, 1..``max_batch``); other
+dimensions are made dynamic with ``dynamic_dims=`` (each 1..``max_dim``). Files are written
+under a temporary name next to the target and renamed into place once complete, so a failed
+export leaves no partial file. Command line::
 
     python -m customops.export --help
 
@@ -10,8 +13,14 @@ The ONNX translation table that the exporter uses is :data:`ONNX_TRANSLATION_TAB
 ``custom_translation_table=`` when you call the exporter directly.
 """
 
+import contextlib
+import logging
 import os
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+import re
+import shutil
+import tempfile
+import warnings
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -20,25 +29,59 @@ import customops
 
 FORMATS = ("pt", "pt2", "onnx")
 DEFAULT_MAX_BATCH = 1 << 16
+# Upper bound of each dynamic dimension other than the batch (a sequence length, say); the
+# exporters' max_dim= raises it.
+DEFAULT_MAX_DIM = 1 << 16
+# The key of an AOTInductor package's metadata under which export_aoti records its inputs:
+# one "dtype:dim,dim,..." entry per input, joined by '|', where a dim is a fixed size ("12")
+# or a dynamic range ("1-65536"); e.g. "float32:1-65536,12". customops_serve parses it too.
+INPUTS_METADATA_KEY = "customops_inputs"
 
 
 def _as_tuple(example_inputs) -> Tuple[torch.Tensor, ...]:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _batch_spec(example_inputs: Sequence[torch.Tensor], max_batch: int):
-    """Example inputs with a batch of at least 2 (a batch of 1 would be specialized) and a
-    dynamic_shapes spec marking dim 0 of each input as the shared batch dimension."""
-    if max_batch < 2:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dynamic_spec(example_inputs: Sequence[torch.Tensor], dynamic_dims: Sequence[int], max_batch: int, max_dim: int):
+    """Returns (inputs, dynamic_shapes, ranges) for torch.export.
+
+    inputs: the examples, row-major, with size 2 at each dynamic dim where they have 1 (a size
+    of 1 would be specialized). dynamic_shapes: dim 0 of every input is the shared ``batch``
+    Dim (1..max_batch); every other dim d in ``dynamic_dims`` is its own Dim (1..max_dim) in each
+    input of more than d dims. ranges: per input, ``{dim: (min, max)}``. Raises ValueError for
+    a bad ``dynamic_dims`` or examples without the dims asked for."""
+    if isinstance(dynamic_dims, int):
+        dynamic_dims = (dynamic_dims,)
+    if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in dynamic_dims):
+        raise ValueError(f"customops: expected dynamic_dims to be dimension indices >= 0, got {list(dynamic_dims)}")
+    dims = sorted(set(dynamic_dims))
+    if 0 in dims and max_batch < 2:
         raise ValueError(f"customops: expected max_batch >= 2, got {max_batch}")
-    if any(t.dim() == 0 or t.shape[0] == 0 for t in example_inputs):
+    if any(d > 0 for d in dims) and max_dim < 2:
+        raise ValueError(f"customops: expected max_dim >= 2, got {max_dim}")
+    shapes = [list(t.shape) for t in example_inputs]
+    if 0 in dims and any(t.dim() == 0 or t.shape[0] == 0 for t in example_inputs):
         raise ValueError(
-            "customops: expected example inputs with a batch dimension of size >= 1 (dim 0), got shapes "
-            f"{[list(t.shape) for t in example_inputs]}"
+            f"customops: expected example inputs with a batch dimension of size >= 1 (dim 0), got shapes {shapes}"
         )
+    for d in dims:
+        if d > 0 and not any(t.dim() > d for t in example_inputs):
+            raise ValueError(f"customops: dynamic dim {d} asked for, but no example input has it; shapes {shapes}")
     batch = torch.export.Dim("batch", min=1, max=max_batch)
-    inputs = tuple(t if t.shape[0] >= 2 else t.expand(2, *t.shape[1:]).contiguous() for t in example_inputs)
-    return inputs, tuple({0: batch} for _ in inputs)
+    inputs, dynamic_shapes, ranges = [], [], []
+    for i, t in enumerate(example_inputs):
+        own = [d for d in dims if d < t.dim()]
+        if any(t.shape[d] == 0 for d in own):
+            raise ValueError(f"customops: example input {i} of shape {list(t.shape)} has size 0 at a dynamic dim {own}")
+        spec = {d: batch if d == 0 else torch.export.Dim(f"input{i}_dim{d}", min=1, max=max_dim) for d in own}
+        inputs.append(t.expand(*(2 if d in own and s == 1 else -1 for d, s in enumerate(t.shape))).contiguous())
+        dynamic_shapes.append(spec or None)
+        ranges.append({d: (1, max_batch if d == 0 else max_dim) for d in own})
+    return tuple(inputs), tuple(dynamic_shapes), ranges
 
 
 def _batch_hint(inputs) -> str:
@@ -49,75 +92,174 @@ def _batch_hint(inputs) -> str:
     return hint + "."
 
 
+def _describe_dim(name: str) -> str:
+    if name == "batch":
+        return "dim 0 of an input, which export makes the dynamic batch dimension"
+    m = re.fullmatch(r"input(\d+)_dim(\d+)", name)
+    return f"dim {m.group(2)} of input {m.group(1)}, which dynamic_dims makes dynamic" if m else name
+
+
+def _export_program(model: nn.Module, inputs, dynamic_shapes):
+    """torch.export.export; a dynamic dim that the model fixes becomes a ValueError naming it."""
+    try:
+        return torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
+        violated = re.search(r"Constraints violated \(([^)]*)\)", str(e))
+        if violated is None:
+            raise
+        where = "; ".join(_describe_dim(n.strip()) for n in violated.group(1).split(","))
+        raise ValueError(
+            f"customops: the model fixes {where}. " + _batch_hint(inputs)
+            + f"\n(torch.export: {str(e).splitlines()[0]})"
+        ) from e
+
+
+# --- writing files whole ------------------------------------------------------------------------
+
+
+def _publish(stage: str, folder: str, last: Sequence[str] = ()) -> None:
+    """Moves every file in ``stage`` into ``folder`` (os.replace: each rename is atomic), the
+    names in ``last`` after the rest, so a model file never appears before its external data."""
+    names = [n for n in os.listdir(stage) if os.path.isfile(os.path.join(stage, n))]
+    for n in sorted(names, key=lambda n: (n in last, n)):
+        os.replace(os.path.join(stage, n), os.path.join(folder, n))
+
+
+@contextlib.contextmanager
+def _staged(path: str) -> Iterator[str]:
+    """Yields a path of ``path``'s file name in a new hidden folder next to it. When the block
+    succeeds, everything written there (the file and any files beside it, such as ONNX
+    external data, which the file refers to by name) is renamed into ``path``'s folder; either
+    way the hidden folder is removed, so a failed write leaves nothing behind."""
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    stage = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        yield os.path.join(stage, name)
+        _publish(stage, folder, last=(name,))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+# --- quieting torch --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_torchscript() -> Iterator[None]:
+    """Hides torch's deprecation notices for torch.jit.script/trace/save/load (a FutureWarning
+    or DeprecationWarning, by torch version): TorchScript is a supported format here."""
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` (is deprecated|is not supported)",
+                                    category=category)
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_onnx_registration() -> Iterator[None]:
+    """Silences torch.onnx's per-export warnings that torchvision's ops are skipped because
+    torchvision is not installed (not an error for models that do not use them)."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+# --- exporters -------------------------------------------------------------------------------
+
+
 def export_torchscript(model: nn.Module, example_inputs, path: str, trace: bool = False) -> str:
     """Writes ``model`` as TorchScript: ``torch.jit.script`` (``trace=True``: ``torch.jit.trace``
-    on ``example_inputs``, which scripting does not need: pass None). Load it in C++ with ``torch::jit::load`` once the op library is
-    loaded, or in Python with :func:`load_torchscript`. Returns ``path``."""
+    on ``example_inputs``, which scripting does not need: pass None). Scripted models take any
+    input shape. Load it in C++ with ``torch::jit::load`` once the op library is loaded, or in
+    Python with :func:`load_torchscript`. Returns ``path``; nothing is written if it fails."""
     model = model.eval()
-    if trace:
-        if example_inputs is None:
-            raise ValueError("customops: trace=True needs example_inputs")
-        module = torch.jit.trace(model, _as_tuple(example_inputs))
-    else:
-        module = torch.jit.script(model)
-    module.save(path)
+    with _quiet_torchscript():
+        if trace:
+            if example_inputs is None:
+                raise ValueError("customops: trace=True needs example_inputs")
+            module = torch.jit.trace(model, _as_tuple(example_inputs))
+        else:
+            module = torch.jit.script(model)
+        with _staged(path) as tmp:
+            module.save(tmp)
     return path
 
 
-def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH) -> str:
-    """Writes an AOTInductor package (``.pt2``): ``torch.export.export`` with a dynamic batch
-    dimension (1..``max_batch``), then ``torch._inductor.aoti_compile_and_package``. The package
-    is compiled for the device of ``example_inputs``. Load it with
-    ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns the path.
-    Raises ValueError when the model fixes dim 0 of an input (a 1-D example input, for one)."""
-    inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
-    try:
-        program = torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
-    except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
-        if "Constraints violated (batch)" not in str(e):
-            raise
-        raise ValueError(
-            "customops: the model fixes dim 0 of an input, which export makes the dynamic batch dimension. "
-            + _batch_hint(inputs) + f"\n(torch.export: {str(e).splitlines()[0]})"
-        ) from e
-    # The batch is exported as 1..max_batch, but torch.export treats 0 and 1 specially and
-    # records a lower bound of 2; the packages' runtime input checks (which customops' loaders
-    # turn on) would then refuse a batch of 1, which the compiled code handles.
-    return torch._inductor.aoti_compile_and_package(
-        program, package_path=os.fspath(path), inductor_configs={"aot_inductor.check_lowerbound": False}
+def _inputs_metadata(inputs: Sequence[torch.Tensor], ranges) -> str:
+    """The :data:`INPUTS_METADATA_KEY` entry for ``inputs`` with dynamic ``ranges``."""
+    return "|".join(
+        _dtype_name(t.dtype) + ":" + ",".join(
+            f"{r[d][0]}-{r[d][1]}" if d in r else str(s) for d, s in enumerate(t.shape)
+        )
+        for t, r in zip(inputs, ranges)
     )
 
 
-def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH) -> str:
+def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH,
+                dynamic_dims: Sequence[int] = (0,), max_dim: int = DEFAULT_MAX_DIM) -> str:
+    """Writes an AOTInductor package (``.pt2``): ``torch.export.export`` with dynamic dims as
+    in :func:`export_model`, then ``torch._inductor.aoti_compile_and_package``. The package is
+    compiled for the device of ``example_inputs`` and takes row-major inputs; it records the
+    inputs' dtypes and sizes in its metadata (:data:`INPUTS_METADATA_KEY`), which
+    :func:`load_aoti` and customops_serve check inputs against. Load it with
+    ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns ``path``;
+    nothing is written if it fails. Raises ValueError when the model fixes a dim asked to be
+    dynamic (dim 0 of a 1-D example input, for one)."""
+    inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
+    program = _export_program(model, inputs, dynamic_shapes)
+    configs = {
+        # torch.export records a lower bound of 2 for a dim exported as 1..n (it treats 0 and 1
+        # specially); AOTInductor's own input checks (AOTI_RUNTIME_CHECK_INPUTS=1, for whoever
+        # sets it) would then refuse a size of 1, which the compiled code handles.
+        "aot_inductor.check_lowerbound": False,
+        "aot_inductor.metadata": {INPUTS_METADATA_KEY: _inputs_metadata(inputs, ranges)},
+    }
+    # Inductor's first import defines torch.utils.mkldnn's TorchScript methods, which warn.
+    with _staged(path) as tmp, _quiet_torchscript():
+        torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
+    return os.fspath(path)
+
+
+def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH,
+                dynamic_dims: Sequence[int] = (0,), max_dim: int = DEFAULT_MAX_DIM) -> str:
     """Writes ONNX through ``torch.onnx.export(dynamo=True)`` with customops' translation table:
-    standard-domain ops only, a dynamic batch dimension, runnable in a stock onnxruntime.
-    Needs ``onnx`` and ``onnxscript``. Returns ``path``."""
-    from .onnx_translation import ONNX_TRANSLATION_TABLE
-
-    inputs, dynamic_shapes = _batch_spec(_as_tuple(example_inputs), max_batch)
-    program = torch.onnx.export(
-        model.eval(),
-        inputs,
-        dynamo=True,
-        custom_translation_table=ONNX_TRANSLATION_TABLE,
-        dynamic_shapes=dynamic_shapes,
-        optimize=True,
-        verbose=False,
-    )
-    program.save(os.fspath(path))
-    # The exporter may fall back to a static batch where torch.export would refuse (e.g. a
-    # model that adds a fixed-size buffer): an ONNX file with a fixed batch is not what was asked.
+    standard-domain ops only, dynamic dims as in :func:`export_model`, runnable in a stock
+    onnxruntime. Needs ``onnx`` and ``onnxscript``. Returns ``path`` (large models also write
+    external data beside it); nothing is written if it fails. Raises ValueError when the
+    exported graph fixes a dim asked to be dynamic."""
     import onnx
 
-    for graph_input in onnx.load(os.fspath(path), load_external_data=False).graph.input:
-        dim0 = graph_input.type.tensor_type.shape.dim[0] if graph_input.type.tensor_type.shape.dim else None
-        if dim0 is None or not dim0.dim_param:
-            os.remove(os.fspath(path))
-            raise ValueError(
-                f"customops: the model's input {graph_input.name!r} cannot have a dynamic batch dimension "
-                "(dim 0); the model fixes it (check with torch.export.export and dynamic_shapes). "
-                + _batch_hint(inputs)
-            )
+    from .onnx_translation import ONNX_TRANSLATION_TABLE
+
+    inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
+    with _quiet_onnx_registration():
+        program = torch.onnx.export(
+            model.eval(),
+            inputs,
+            dynamo=True,
+            custom_translation_table=ONNX_TRANSLATION_TABLE,
+            dynamic_shapes=dynamic_shapes,
+            optimize=True,
+            verbose=False,
+        )
+    with _staged(path) as tmp:
+        program.save(tmp)
+        # The exporter may fall back to static sizes where torch.export would refuse (e.g. a
+        # model that adds a fixed-size buffer): an ONNX file with fixed sizes is not what was asked.
+        graph = onnx.load(tmp, load_external_data=False).graph
+        for graph_input, r in zip(graph.input, ranges):
+            shape = graph_input.type.tensor_type.shape.dim
+            for d in r:
+                if d >= len(shape) or not shape[d].dim_param:
+                    what = "a dynamic batch dimension (dim 0)" if d == 0 else f"a dynamic dim {d}"
+                    raise ValueError(
+                        f"customops: the model's input {graph_input.name!r} cannot have {what}; the model "
+                        "fixes it (check with torch.export.export and dynamic_shapes). " + _batch_hint(inputs)
+                    )
     return path
 
 
@@ -128,31 +270,51 @@ def export_model(
     name: str = "model",
     formats: Iterable[str] = FORMATS,
     max_batch: int = DEFAULT_MAX_BATCH,
+    dynamic_dims: Sequence[int] = (0,),
+    max_dim: int = DEFAULT_MAX_DIM,
 ) -> Dict[str, str]:
-    """Writes ``out_dir/name.{pt,pt2,onnx}`` for the formats asked; returns ``{format: path}``."""
+    """Writes ``out_dir/name.{pt,pt2,onnx}`` for the formats asked; returns ``{format: path}``.
+
+    ``example_inputs``: a tensor or a tuple of tensors. ``dynamic_dims``: the dims left
+    dynamic; dim 0 is the batch, shared by all inputs, 1..``max_batch``; any other dim d is
+    dynamic (1..``max_dim``) in every input of more than d dims. Example inputs of size 1 at a
+    dynamic dim are exported at size 2. The files appear only when every format has been
+    written: if one fails, its error is raised and none of this call's files are left (files of
+    an earlier call stay as they were)."""
     if isinstance(formats, str):
         formats = (formats,)
+    formats = list(formats)
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise ValueError(f"customops: unknown export format {fmt!r}; expected one of {FORMATS}")
     os.makedirs(out_dir, exist_ok=True)
+    shape_args = dict(max_batch=max_batch, dynamic_dims=dynamic_dims, max_dim=max_dim)
     writers = {
         "pt": lambda p: export_torchscript(model, None, p),
-        "pt2": lambda p: export_aoti(model, example_inputs, p, max_batch),
-        "onnx": lambda p: export_onnx(model, example_inputs, p, max_batch),
+        "pt2": lambda p: export_aoti(model, example_inputs, p, **shape_args),
+        "onnx": lambda p: export_onnx(model, example_inputs, p, **shape_args),
     }
-    paths = {}
-    for fmt in formats:
-        if fmt not in writers:
-            raise ValueError(f"customops: unknown export format {fmt!r}; expected one of {FORMATS}")
-        paths[fmt] = writers[fmt](os.path.join(out_dir, f"{name}.{fmt}"))
-    return paths
+    files = {fmt: f"{name}.{fmt}" for fmt in formats}
+    stage = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
+    try:
+        for fmt in formats:
+            writers[fmt](os.path.join(stage, files[fmt]))
+        _publish(stage, out_dir, last=tuple(files.values()))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return {fmt: os.path.join(out_dir, f) for fmt, f in files.items()}
 
 
 def aoti_python_loading_works() -> bool:
     """Whether this torch's Python AOTInductor loader can be trusted. Seen 2026-11-29 on the
     H200 machine: torch 2.11's aoti_load_package segfaults even for a plain nn.Linear package,
     while torch 2.13 and 2.14 load packages on the CPU. Where it cannot, check packages with
-    the C++ loader (export/cpp/customops_serve)."""
+    the C++ loader (customops_serve)."""
     major, minor = (int(v) for v in torch.__version__.split(".")[:2])
     return (major, minor) >= (2, 13)
+
+
+# --- loaders ---------------------------------------------------------------------------------
 
 
 def _check_file(path: str) -> None:
@@ -167,46 +329,80 @@ def load_torchscript(path: str, map_location: Optional[str] = None) -> torch.jit
     _check_file(path)
     customops.load_library()
     try:
-        return torch.jit.load(path, map_location=map_location)
+        with _quiet_torchscript():
+            return torch.jit.load(path, map_location=map_location)
     except RuntimeError as e:
         raise RuntimeError(f"customops: could not load TorchScript model {path!r}: {e}") from e
 
 
+def _parse_inputs_metadata(text: str) -> List[Tuple[str, List[Tuple[int, int]]]]:
+    """:data:`INPUTS_METADATA_KEY`'s value as ``[(dtype name, [(min, max) per dim])]``."""
+    spec = []
+    for entry in text.split("|") if text else []:
+        dtype, _, dims = entry.partition(":")
+        sizes = []
+        for dim in dims.split(",") if dims else []:
+            low, _, high = dim.partition("-")
+            sizes.append((int(low), int(high or low)))
+        spec.append((dtype, sizes))
+    return spec
+
+
+def _describe(dtype: str, sizes: Sequence[Tuple[int, int]]) -> str:
+    dims = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in sizes)
+    return f"dtype {dtype} and shape [{dims}]"
+
+
+def _check_inputs(path: str, spec, tensors: Sequence[torch.Tensor]) -> None:
+    if len(tensors) != len(spec):
+        raise RuntimeError(
+            f"customops: AOTInductor package {path!r} takes {len(spec)} tensor inputs, got {len(tensors)}"
+        )
+    for i, (t, (dtype, sizes)) in enumerate(zip(tensors, spec)):
+        if (_dtype_name(t.dtype) != dtype or t.dim() != len(sizes)
+                or any(not lo <= s <= hi for s, (lo, hi) in zip(t.shape, sizes))):
+            raise RuntimeError(
+                f"customops: AOTInductor package {path!r} refused input {i} of shape {list(t.shape)} and dtype "
+                f"{_dtype_name(t.dtype)}: it expects {_describe(dtype, sizes)}"
+            )
+
+
 def load_aoti(path: str):
     """Loads an AOTInductor package whose graph uses customops' ops (the op library is loaded
-    first); returns a callable that takes the exported model's inputs, of any strides
-    (non-contiguous tensors run as contiguous copies when the package expects row-major
-    inputs, as :func:`export_aoti`'s packages do); the loader's own object is its ``package``
-    attribute. Raises FileNotFoundError / RuntimeError as :func:`load_torchscript`; the callable
-    raises RuntimeError naming the inputs' shapes and dtypes when the package refuses them."""
+    first); returns a callable that takes the exported model's inputs. For a package from
+    :func:`export_aoti` the callable checks each input's dtype, rank and sizes against the
+    ones recorded at export and runs it as a contiguous copy where it is not (any strides work,
+    as with TorchScript); a package without that record (made with torch's own
+    ``aoti_compile_and_package``) gets its inputs as given, unchecked, as torch's loader does.
+    The loader's own object is the callable's ``package`` attribute. Raises FileNotFoundError /
+    RuntimeError as :func:`load_torchscript`; the callable raises RuntimeError naming the input,
+    its shape and dtype and what the package expects, or, for errors the package itself
+    raises, all inputs' shapes and dtypes."""
     _check_file(path)
     customops.load_library()
-    # Packages check input shapes and dtypes only when this is set (read once per process);
-    # without it a wrong-shaped input reads out of bounds.
-    os.environ.setdefault("AOTI_RUNTIME_CHECK_INPUTS", "1")
     try:
         package = torch._inductor.aoti_load_package(path)
     except Exception as e:  # the loader raises several types for a bad archive
         raise RuntimeError(f"customops: could not load AOTInductor package {path!r}: {e}") from e
-
-    def call(*args, **kwargs):
-        # A package checks its inputs' strides against the example it was exported with
-        # (row-major from this module's exporters), where TorchScript takes any strides: so
-        # non-contiguous inputs run as contiguous copies first, and as given if the package
-        # refuses those (it was exported with other strides).
-        if all(a.is_contiguous() for a in args if isinstance(a, torch.Tensor)):
-            return package(*args, **kwargs)
-        try:
-            return package(*(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
-        except RuntimeError:
-            return package(*args, **kwargs)
+    recorded = package.get_metadata().get(INPUTS_METADATA_KEY)
+    # AOTInductor checks nothing unless AOTI_RUNTIME_CHECK_INPUTS=1 is set process-wide, and
+    # that check refuses size 1 at dims that torch's own packages export as dynamic: so
+    # packages are checked here, against what export_aoti recorded.
+    try:
+        spec = None if recorded is None else _parse_inputs_metadata(recorded)
+    except ValueError as e:
+        raise RuntimeError(f"customops: AOTInductor package {path!r} has malformed {INPUTS_METADATA_KEY} "
+                           f"metadata {recorded!r}") from e
 
     def run(*args, **kwargs):
+        if spec is not None:
+            _check_inputs(path, spec, [a for a in args if isinstance(a, torch.Tensor)])
+            # The compiled code indexes inputs as the row-major examples were laid out.
+            args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
         try:
-            return call(*args, **kwargs)
+            return package(*args, **kwargs)
         except RuntimeError as e:
-            # The package's own check names only a dimension index ("unmatched dim value at 1").
-            given = [(list(a.shape), str(a.dtype).removeprefix("torch.")) for a in args if isinstance(a, torch.Tensor)]
+            given = [(list(a.shape), _dtype_name(a.dtype)) for a in args if isinstance(a, torch.Tensor)]
             raise RuntimeError(
                 f"customops: AOTInductor package {path!r} refused inputs of (shape, dtype) {given}: {e}"
             ) from e
@@ -225,8 +421,10 @@ def __getattr__(name):
 
 
 __all__ = [
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_MAX_DIM",
     "FORMATS",
-    "aoti_python_loading_works",
+    "INPUTS_METADATA_KEY",
     "ONNX_TRANSLATION_TABLE",
     "export_aoti",
     "export_model",

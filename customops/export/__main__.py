@@ -1,11 +1,12 @@
 """Export a model that uses customops' ops to TorchScript, AOTInductor and ONNX.
 
     python -m customops.export customops.train_digits:make_model --input-shape 8,64 \\
-        [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model]
+        [--dynamic 0,1] [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model]
 
 MODEL is ``package.module:callable``; the callable returns the nn.Module (its weights then come
-from --state-dict, a torch.save'd state_dict). --input-shape gives one example input (its
-first dimension is exported as a dynamic batch dimension).
+from --state-dict, a torch.save'd state_dict). --input-shape gives one example input; --dynamic
+lists its dimensions exported as dynamic: by default 0, the batch (1..65536); any other
+dimension listed gets 1..65536.
 """
 
 import argparse
@@ -14,7 +15,7 @@ import sys
 
 import torch
 
-from . import FORMATS, export_model
+from . import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, FORMATS, export_model
 
 
 def _load_model(parser, spec: str):
@@ -32,6 +33,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m customops.export", description=__doc__.splitlines()[0])
     parser.add_argument("model", help="package.module:callable returning the nn.Module")
     parser.add_argument("--input-shape", required=True, help="example input shape, e.g. 8,64")
+    parser.add_argument(
+        "--dynamic", default="0",
+        help=f"comma-separated dimensions of the input exported as dynamic, e.g. 0,1 (default 0: the batch, "
+        f"1..{DEFAULT_MAX_BATCH}; others 1..{DEFAULT_MAX_DIM})",
+    )
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--state-dict", help="torch.save'd state_dict to load into the model")
@@ -47,6 +53,13 @@ def main(argv=None) -> int:
         parser.error(f"--input-shape must be comma-separated integers such as 8,64, got {args.input_shape!r}")
     if not shape or min(shape) < 1:
         parser.error(f"--input-shape needs at least one dimension, each >= 1, got {args.input_shape!r}")
+    try:
+        dynamic = tuple(int(s) for s in args.dynamic.split(",")) if args.dynamic.strip() else ()
+    except ValueError:
+        parser.error(f"--dynamic must be comma-separated dimension indices such as 0,1, got {args.dynamic!r}")
+    if any(d < 0 or d >= len(shape) for d in dynamic):
+        parser.error(f"--dynamic {args.dynamic}: the input has dimensions 0..{len(shape) - 1} "
+                     f"(--input-shape {args.input_shape})")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is available")
     model = _load_model(parser, args.model)
@@ -62,7 +75,7 @@ def main(argv=None) -> int:
     model = model.to(device=args.device, dtype=dtype).eval()
     example = torch.randn(shape, device=args.device, dtype=dtype)
     try:
-        paths = export_model(model, example, args.out, args.name, args.formats)
+        paths = export_model(model, example, args.out, args.name, args.formats, dynamic_dims=dynamic)
     except (ValueError, RuntimeError) as e:
         print(f"customops.export: error: {e}", file=sys.stderr)
         return 1
