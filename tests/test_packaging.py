@@ -171,6 +171,8 @@ def test_isolated_build_stops_at_once_without_a_second_torch(tmp_path):
                          capture_output=True, text=True, timeout=600)
     log = out.stdout + out.stderr
     assert out.returncode != 0, log
+    if "No matching distribution found for setuptools" in log:
+        pytest.skip("no package index reachable for the isolated build's setuptools (an offline machine)")
     assert "--no-build-isolation" in log, log
     assert not re.search(r"(Collecting|Downloading|Installing collected packages:.*)\btorch\b", log), log
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
