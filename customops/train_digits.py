@@ -81,7 +81,10 @@ def model_forms(model, example, export_dir):
     back: name -> callable. Also returns {format: path} and the forms skipped, with why."""
     from customops.export import aoti_python_loading_works, export_model, load_aoti, load_torchscript
 
-    warnings.filterwarnings("ignore", message=".*torch.jit.* is deprecated", category=FutureWarning)
+    # torch.compile's advice to allow TF32 on a GPU: the comparison below wants IEEE float32.
+    warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication")
+    # torch.compile's own pytree code (torch 2.11 to 2.14); customops.export filters it likewise.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
     forms = {"eager": model, "torch.compile": torch.compile(model, fullgraph=True, dynamic=True)}
     skipped = {}
     formats = ["pt", "pt2"]

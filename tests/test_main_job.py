@@ -1,22 +1,29 @@
-import shutil
+import os
 import subprocess
 import sys
 
 
-def test_main_job_trains_and_all_forms_agree():
+def test_main_job_trains_and_all_forms_agree(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     out = subprocess.run(
         [sys.executable, "-m", "customops.train_digits", "--epochs", "8", "--device", "cpu", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,
+        env=dict(os.environ, TMPDIR=str(tmp)),
     )
     assert out.returncode == 0, out.stdout + out.stderr
+    # It cleans up after itself (torch.compile's cache folder is torch's), and prints only
+    # its report: no warnings from torch's deprecations or from missing optional packages.
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor")] == []
+    for noise in ("Warning", "No CUDA runtime is found", "torchvision", "input_handles"):
+        assert noise not in out.stdout + out.stderr, out.stdout + out.stderr
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "accuracy" not in line]
     names = [r.split("|")[1].strip() for r in rows]
     assert names[:3] == ["eager", "torch.compile", "TorchScript (.pt, loaded)"]
     assert "ONNX Runtime (.onnx, CPU)" in names
-    if shutil.which("cmake"):
-        assert {"C++ customops_serve (.pt)", "C++ customops_serve (.pt2)"} <= set(names), out.stdout
+    assert {"C++ customops_serve (.pt)", "C++ customops_serve (.pt2)"} <= set(names), out.stdout  # shipped
     for row in rows:
         if "skipped:" in row:
             continue

@@ -102,7 +102,8 @@ def _describe_dim(name: str) -> str:
 def _export_program(model: nn.Module, inputs, dynamic_shapes):
     """torch.export.export; a dynamic dim that the model fixes becomes a ValueError naming it."""
     try:
-        return torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+        with _quiet_export():
+            return torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
         violated = re.search(r"Constraints violated \(([^)]*)\)", str(e))
         if violated is None:
@@ -142,6 +143,16 @@ def _staged(path: str) -> Iterator[str]:
 
 
 # --- quieting torch --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Hides a deprecation notice that torch.export raises from its own pytree code (torch 2.11
+    to 2.14: "`isinstance(treespec, LeafSpec)` is deprecated"): nothing a caller can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                                category=FutureWarning)
+        yield
 
 
 @contextlib.contextmanager
@@ -219,7 +230,7 @@ def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DE
         "aot_inductor.metadata": {INPUTS_METADATA_KEY: _inputs_metadata(inputs, ranges)},
     }
     # Inductor's first import defines torch.utils.mkldnn's TorchScript methods, which warn.
-    with _staged(path) as tmp, _quiet_torchscript():
+    with _staged(path) as tmp, _quiet_torchscript(), _quiet_export():
         torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
     return os.fspath(path)
 
@@ -236,7 +247,7 @@ def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DE
     from .onnx_translation import ONNX_TRANSLATION_TABLE
 
     inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
-    with _quiet_onnx_registration():
+    with _quiet_onnx_registration(), _quiet_export():
         program = torch.onnx.export(
             model.eval(),
             inputs,
