@@ -274,10 +274,12 @@ class BuildExt(cpp_extension.BuildExtension):
         cmd += ["-L" + os.path.dirname(library), "-L" + torch_lib, "-Wl,--no-as-needed", "-lcustomops",
                 "-ltorch", "-ltorch_cpu", "-lc10"] + (["-ltorch_cuda", "-lc10_cuda"] if cuda else [])
         cmd += ["-Wl,--as-needed", "-Wl,-rpath," + ":".join(rpath)]
-        # Recompiled only when its source, the library or the command changes.
+        # Recompiled only when its source, the C++ API header or the command changes (the
+        # library it links is relinked by every build, with the same SONAME and symbols).
         stamp = os.path.join(BUILD_DIR, "customops_serve-%s.cmd" % ("source" if self.in_source else "wheel"))
+        inputs = [source, os.path.join(ROOT, "customops", "include", "customops", "ops.h")]
         if os.path.exists(binary) and os.path.exists(stamp) and open(stamp).read() == " ".join(cmd) and \
-                os.path.getmtime(binary) >= max(os.path.getmtime(source), os.path.getmtime(library)):
+                os.path.getmtime(binary) >= max(os.path.getmtime(p) for p in inputs):
             return
         os.makedirs(os.path.dirname(binary), exist_ok=True)
         print("customops: compiling the C++ server customops_serve (about a minute)", file=sys.stderr, flush=True)

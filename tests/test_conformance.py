@@ -98,6 +98,7 @@ def test_a_stale_declaration_is_caught(request, tmp_path):
 
 def test_every_op_has_a_spec():
     ops = {n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("customops::")}
+    ops.discard("_build_info")  # the library's report of itself (customops.build_info()), not a tensor op
     assert ops == {s.name for s in OP_SPECS}, "every op in csrc/registration.cpp needs an OpSpec (docs/adding_an_op.md)"
 
 
