@@ -51,7 +51,8 @@ fi
 # names and customops' own lines, and keep the whole log in build/setup.log.
 mkdir -p build
 export PATH="$(cd "$VENV/bin" && pwd):$PATH"  # ninja
-"${pip[@]}" install -v --no-deps --no-build-isolation -e . > build/setup.log 2>&1 < /dev/null &
+: > build/setup.log  # emptied before tail opens it
+"${pip[@]}" install -v --no-deps --no-build-isolation -e . >> build/setup.log 2>&1 < /dev/null &
 pid=$!
 tail -n +1 -f --pid=$pid build/setup.log \
   | grep --line-buffered -E '^ *(\[[0-9]+/[0-9]+\]|customops: )' \
