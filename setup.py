@@ -238,11 +238,29 @@ class BuildExt(cpp_extension.BuildExtension):
                     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
             return objects
 
+        # setuptools relinks on every build (an editable build links into a fresh temporary
+        # folder): reuse the last link when its objects and arguments are unchanged.
+        link = self.compiler.link_shared_object
+
+        def link_cached(objects, output, *args, **kwargs):
+            key = repr((sorted(objects), [os.path.getmtime(o) for o in sorted(objects)], args, sorted(kwargs.items())))
+            mode = "source" if self.in_source else "wheel"
+            cached, stamp = os.path.join(BUILD_DIR, f"link-{mode}.so"), os.path.join(BUILD_DIR, f"link-{mode}.key")
+            if os.path.exists(cached) and os.path.exists(stamp) and open(stamp).read() == key:
+                os.makedirs(os.path.dirname(output), exist_ok=True)
+                shutil.copy2(cached, output)
+                return
+            link(objects, output, *args, **kwargs)
+            shutil.copy2(output, cached)
+            _write_if_changed(stamp, key)
+
         self.compiler.compile = compile_split
+        self.compiler.link_shared_object = link_cached
         try:
             super().build_extension(ext)
         finally:
             self.compiler.compile = compile_all
+            self.compiler.link_shared_object = link
 
     def run(self):
         self.in_source = self.inplace or self.editable_mode  # setuptools clears inplace while it builds
@@ -289,9 +307,11 @@ class BuildExt(cpp_extension.BuildExtension):
 
 setup(
     version=VERSION,
-    packages=find_packages(include=["customops", "customops.*"]),
+    # The header and CMake folders are data packages (no Python in them), listed so that
+    # setuptools ships them without warning.
+    packages=find_packages(include=["customops", "customops.*"]) + ["customops.include.customops", "customops.share.cmake.customops"],
     # lib/ and bin/ are written by BuildExt (into build/ for a wheel, in place when editable).
-    package_data={"customops": ["include/customops/*.h", "share/cmake/customops/*.cmake"]},
+    package_data={"customops.include.customops": ["*.h"], "customops.share.cmake.customops": ["*.cmake"]},
     ext_modules=[EXTENSION],
     cmdclass={"build_ext": BuildExt.with_options(no_python_abi_suffix=True)},
     install_requires=[f"torch=={TORCH_VERSION}", "numpy"],

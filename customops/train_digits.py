@@ -158,12 +158,13 @@ def main(argv=None) -> int:
     model = train(make_model().to(device), x_train, y_train, args.epochs, show_progress=not args.no_progress)
 
     with tempfile.TemporaryDirectory(prefix="customops-digits-") as tmp:
-        return _evaluate(model, x_test, y_test, args.export_dir or tmp)
+        return _evaluate(model, x_test, y_test, args.export_dir or tmp, keep=bool(args.export_dir))
 
 
-def _evaluate(model, x_test, y_test, export_dir) -> int:
+def _evaluate(model, x_test, y_test, export_dir, keep: bool) -> int:
     forms, paths, skipped = model_forms(model, x_test, export_dir)
-    print("exported: " + ", ".join(f"{fmt} {path}" for fmt, path in paths.items()))
+    print("exported: " + ", ".join(f"{fmt} {path}" for fmt, path in paths.items())
+          + ("" if keep else " (a temporary folder, removed at exit: --export-dir DIR keeps them)"))
     with torch.no_grad():
         reference = model(x_test)
         rows = []

@@ -60,6 +60,13 @@ def main(argv=None) -> int:
     if any(d < 0 or d >= len(shape) for d in dynamic):
         parser.error(f"--dynamic {args.dynamic}: the input has dimensions 0..{len(shape) - 1} "
                      f"(--input-shape {args.input_shape})")
+    if "onnx" in args.formats:
+        import importlib.util
+
+        missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+        if missing:
+            parser.error(f"ONNX export needs {' and '.join(missing)}: pip install 'customops[export]' "
+                         "(or onnx onnxscript), or leave ONNX out with --formats pt pt2")
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is available")
     model = _load_model(parser, args.model)

@@ -390,7 +390,8 @@ def check_onnx(spec: OpSpec, device: str = "cpu", quick: bool = False) -> None:
 
         from customops.export import ONNX_TRANSLATION_TABLE
     except ImportError as e:
-        raise NotApplicable(f"needs the export extra ({e.name} is not installed)")
+        raise NotApplicable(f"needs onnx, onnxscript and onnxruntime ({e.name} is not installed): "
+                            "pip install 'customops[export]' onnxruntime")
     sample = first_sample(spec, "cpu")
     tensors = tuple(t.contiguous() for t in sample.tensors())
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
