@@ -398,3 +398,18 @@ def test_command_line_dynamic_dims(tmp_path):
     assert out.returncode == 0, out.stderr
     dims = onnx.load(str(tmp_path / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
     assert dims[0].dim_param and dims[1].dim_param and dims[2].dim_value == 6
+
+
+def test_cli_without_onnx_packages_says_what_to_install(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from customops.export.__main__ import main
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["customops.train_digits:make_model", "--input-shape", "4,64", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs onnxscript" in err and "customops[export]" in err and "--formats pt pt2" in err
+    assert not (tmp_path / "out").exists()  # refused before anything was exported
