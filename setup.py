@@ -143,6 +143,15 @@ def _write_if_changed(path: str, text: str) -> None:
         f.write(text)
 
 
+def _up_to_date(output: str, stamp: str, key: str) -> bool:
+    """Whether ``output`` was made from ``key`` (a command plus its inputs' mtimes), as recorded
+    in ``stamp`` by the last build that made it."""
+    if not (os.path.exists(output) and os.path.exists(stamp)):
+        return False
+    with open(stamp) as f:
+        return f.read() == key
+
+
 def _extension():
     cpu_sources = ["csrc/registration.cpp", "csrc/api.cpp"] + sorted(
         glob.glob("csrc/ops/*/*_cpu.cpp") + glob.glob("csrc/ops/*/*_autograd.cpp") + glob.glob("csrc/ops/*/*_autocast.cpp")
@@ -214,9 +223,10 @@ class BuildExt(cpp_extension.BuildExtension):
             print("customops: ninja not found, compiling one file at a time (about twice as slow): "
                   "pip install ninja", file=sys.stderr)
         site = os.path.dirname(os.path.dirname(torch.__file__))
-        rpath = ["$ORIGIN/../../torch/lib"] + [f"$ORIGIN/../../{d}" for d in _nvidia_lib_dirs()]
+        libs = ["torch/lib"] + _nvidia_lib_dirs()  # relative to site-packages
+        rpath = [f"$ORIGIN/../../{d}" for d in libs]
         if self.in_source:  # a library in the source tree finds torch where it was built
-            rpath += [os.path.join(site, "torch", "lib")] + [os.path.join(site, d) for d in _nvidia_lib_dirs()]
+            rpath += [os.path.join(site, d) for d in libs]
         for ext in self.extensions:
             ext.extra_link_args = list(ext.extra_link_args) + ["-Wl,-rpath," + ":".join(rpath), "-ldl"]
         super().build_extensions()
@@ -244,9 +254,8 @@ class BuildExt(cpp_extension.BuildExtension):
 
         def link_cached(objects, output, *args, **kwargs):
             key = repr((sorted(objects), [os.path.getmtime(o) for o in sorted(objects)], args, sorted(kwargs.items())))
-            mode = "source" if self.in_source else "wheel"
-            cached, stamp = os.path.join(BUILD_DIR, f"link-{mode}.so"), os.path.join(BUILD_DIR, f"link-{mode}.key")
-            if os.path.exists(cached) and os.path.exists(stamp) and open(stamp).read() == key:
+            cached, stamp = os.path.join(BUILD_DIR, f"link-{self.mode}.so"), os.path.join(BUILD_DIR, f"link-{self.mode}.key")
+            if _up_to_date(cached, stamp, key):
                 os.makedirs(os.path.dirname(output), exist_ok=True)
                 shutil.copy2(cached, output)
                 return
@@ -264,6 +273,7 @@ class BuildExt(cpp_extension.BuildExtension):
 
     def run(self):
         self.in_source = self.inplace or self.editable_mode  # setuptools clears inplace while it builds
+        self.mode = "source" if self.in_source else "wheel"  # each keeps its own cached outputs
         if self.in_source:
             os.makedirs(os.path.join(ROOT, "customops", "lib"), exist_ok=True)
         super().run()
@@ -292,17 +302,15 @@ class BuildExt(cpp_extension.BuildExtension):
         cmd += ["-L" + os.path.dirname(library), "-L" + torch_lib, "-Wl,--no-as-needed", "-lcustomops",
                 "-ltorch", "-ltorch_cpu", "-lc10"] + (["-ltorch_cuda", "-lc10_cuda"] if cuda else [])
         cmd += ["-Wl,--as-needed", "-Wl,-rpath," + ":".join(rpath)]
-        # Recompiled only when its source, the C++ API header or the command changes (the
-        # library it links is relinked by every build, with the same SONAME and symbols).
-        stamp = os.path.join(BUILD_DIR, "customops_serve-%s.cmd" % ("source" if self.in_source else "wheel"))
-        inputs = [source, os.path.join(ROOT, "customops", "include", "customops", "ops.h")]
-        if os.path.exists(binary) and os.path.exists(stamp) and open(stamp).read() == " ".join(cmd) and \
-                os.path.getmtime(binary) >= max(os.path.getmtime(p) for p in inputs):
+        # Recompiled only when its source or the command changes.
+        stamp = os.path.join(BUILD_DIR, f"customops_serve-{self.mode}.key")
+        key = repr((cmd, os.path.getmtime(source)))
+        if _up_to_date(binary, stamp, key):
             return
         os.makedirs(os.path.dirname(binary), exist_ok=True)
         print("customops: compiling the C++ server customops_serve (about a minute)", file=sys.stderr, flush=True)
         subprocess.run(cmd, check=True)
-        _write_if_changed(stamp, " ".join(cmd))
+        _write_if_changed(stamp, key)
 
 
 setup(
