@@ -121,6 +121,60 @@ std::string explain(const std::string& message) {
   return message;
 }
 
+// Python's names for dtypes, as customops.export's metadata has them.
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
+// x checked against a package's "customops_inputs" record ("dtype:dim,dim,..." per input,
+// joined by '|', a dim a size "12" or a range "1-65536"), and made row-major, as the export
+// examples were. This replaces AOTI_RUNTIME_CHECK_INPUTS=1, which refuses size 1 at dims that
+// torch's own packages export as dynamic.
+at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std::string& model) {
+  if (spec.find('|') != std::string::npos) {
+    throw std::runtime_error("the model takes several inputs (" + spec +
+                             "); customops_serve serves models with one tensor input");
+  }
+  const size_t colon = spec.find(':');
+  const std::string dtype = spec.substr(0, colon);
+  const std::string dims = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  std::vector<int64_t> lows, highs;  // each dim's range; a fixed size has low == high
+  try {
+    for (size_t start = 0; !dims.empty() && start <= dims.size();) {
+      const size_t end = std::min(dims.find(',', start), dims.size());
+      const std::string dim = dims.substr(start, end - start);
+      const size_t dash = dim.find('-');
+      lows.push_back(std::stoll(dim.substr(0, dash)));
+      highs.push_back(std::stoll(dash == std::string::npos ? dim : dim.substr(dash + 1)));
+      start = end + 1;
+    }
+  } catch (const std::logic_error&) {  // std::stoll's invalid_argument / out_of_range
+    throw std::runtime_error("model '" + model + "' has malformed customops_inputs metadata '" + spec + "'");
+  }
+  bool fits = dtype_name(x.scalar_type()) == dtype && x.dim() == static_cast<int64_t>(lows.size());
+  for (int64_t i = 0; fits && i < x.dim(); ++i) fits = lows[i] <= x.size(i) && x.size(i) <= highs[i];
+  if (!fits) {
+    std::string expected;
+    for (const char c : dims) expected += c == ',' ? std::string(", ") : std::string(1, c);
+    throw std::runtime_error("model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) +
+                             " and dtype " + dtype_name(x.scalar_type()) + ": it expects dtype " + dtype +
+                             " and shape [" + expected + "]");
+  }
+  return x.contiguous();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -181,63 +235,11 @@ int main(int argc, char** argv) {
 
     c10::InferenceMode inference_mode;
     if (package) {
-      // customops.export records a package's inputs in its metadata, under "customops_inputs":
-      // "dtype:dim,dim,..." per input, joined by '|', where a dim is a size ("12") or a range
-      // ("1-65536"). x is checked against that here, not with AOTI_RUNTIME_CHECK_INPUTS=1, which
-      // refuses size 1 at dims that torch's own packages export as dynamic; then it runs
-      // row-major, as the export examples were laid out. A package without the record (made by
-      // torch itself) gets x as given, unchecked, as torch's loader does.
+      // customops.export records a package's inputs in its metadata; a package without the
+      // record (made by torch itself) gets x as given, unchecked, as torch's loader does.
       const auto metadata = package->get_metadata();
       const auto recorded = metadata.find("customops_inputs");
-      if (recorded != metadata.end()) {
-        const std::string& spec = recorded->second;
-        if (spec.find('|') != std::string::npos) {
-          throw std::runtime_error("the model takes several inputs (" + spec +
-                                   "); customops_serve serves models with one tensor input");
-        }
-        const size_t colon = spec.find(':');
-        const std::string dtype = spec.substr(0, colon);
-        const std::string dims = colon == std::string::npos ? "" : spec.substr(colon + 1);
-        std::vector<int64_t> lows, highs;  // each dim's range; a fixed size has low == high
-        try {
-          for (size_t start = 0; !dims.empty() && start <= dims.size();) {
-            const size_t end = std::min(dims.find(',', start), dims.size());
-            const std::string dim = dims.substr(start, end - start);
-            const size_t dash = dim.find('-');
-            lows.push_back(std::stoll(dim.substr(0, dash)));
-            highs.push_back(std::stoll(dash == std::string::npos ? dim : dim.substr(dash + 1)));
-            start = end + 1;
-          }
-        } catch (const std::logic_error&) {  // std::stoll's invalid_argument / out_of_range
-          throw std::runtime_error("model '" + args.model + "' has malformed customops_inputs metadata '" + spec + "'");
-        }
-        // Python's names for dtypes, as the metadata has them.
-        auto dtype_name = [](at::ScalarType t) -> std::string {
-          switch (t) {
-            case at::kFloat: return "float32";
-            case at::kDouble: return "float64";
-            case at::kHalf: return "float16";
-            case at::kBFloat16: return "bfloat16";
-            case at::kLong: return "int64";
-            case at::kInt: return "int32";
-            case at::kShort: return "int16";
-            case at::kChar: return "int8";
-            case at::kByte: return "uint8";
-            case at::kBool: return "bool";
-            default: return c10::toString(t);
-          }
-        };
-        bool fits = dtype_name(x.scalar_type()) == dtype && x.dim() == static_cast<int64_t>(lows.size());
-        for (int64_t i = 0; fits && i < x.dim(); ++i) fits = lows[i] <= x.size(i) && x.size(i) <= highs[i];
-        if (!fits) {
-          std::string expected;
-          for (const char c : dims) expected += c == ',' ? std::string(", ") : std::string(1, c);
-          throw std::runtime_error("model '" + args.model + "' refused input 0 of shape " + shape_str(x.sizes()) +
-                                   " and dtype " + dtype_name(x.scalar_type()) + ": it expects dtype " + dtype +
-                                   " and shape [" + expected + "]");
-        }
-        x = x.contiguous();
-      }
+      if (recorded != metadata.end()) x = checked_input(recorded->second, x, args.model);
     }
     auto sync = [&] {
       if (device.is_cuda()) torch::cuda::synchronize();
