@@ -1,4 +1,4 @@
-// Shared by the ops' autograd kernels (csrc/ops/<op>/<op>_autograd.cpp).
+// Shared by the ops' autograd kernels (csrc/ops/<op>/<op>_autograd.cpp) and the C++ API (csrc/api.cpp).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
