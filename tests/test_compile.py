@@ -7,6 +7,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import customops
 from customops.nn import FusedLinearSigmoid
+from customops.testing import OP_SPECS
 
 
 def make_model(device):
@@ -14,7 +15,8 @@ def make_model(device):
     return nn.Sequential(FusedLinearSigmoid(12, 16), FusedLinearSigmoid(16, 8, bias=False), nn.Linear(8, 3)).to(device)
 
 
-def uses_all_ops(x, w, b):
+def several_ops(x, w, b):
+    # Several ops in one graph (each op's own compile path: test_conformance).
     y = customops.fused_linear_sigmoid(x, w, b)
     s = customops.sigmoid(y)
     return customops.add(s, y) + customops.sigmoid_focal_loss(y, s, reduction="sum")
@@ -39,7 +41,7 @@ def test_one_graph_for_batch_sizes_2_to_40_without_recompiles(device):
 
 def test_no_graph_breaks(device):
     w, b = torch.randn(5, 6, device=device), torch.randn(5, device=device)
-    explanation = torch._dynamo.explain(uses_all_ops)(torch.randn(4, 6, device=device), w, b)
+    explanation = torch._dynamo.explain(several_ops)(torch.randn(4, 6, device=device), w, b)
     assert explanation.graph_break_count == 0
     assert explanation.graph_count == 1
     assert "customops.fused_linear_sigmoid" in str(explanation.graphs[0].graph)
@@ -50,10 +52,10 @@ def test_inductor_matches_eager_forward_and_backward(device, dtype):
     x = torch.randn(9, 6, device=device, dtype=dtype, requires_grad=True)
     w = torch.randn(5, 6, device=device, dtype=dtype, requires_grad=True)
     b = torch.randn(5, device=device, dtype=dtype, requires_grad=True)
-    compiled = torch.compile(uses_all_ops, fullgraph=True, dynamic=True)
+    compiled = torch.compile(several_ops, fullgraph=True, dynamic=True)
     out = compiled(x, w, b)
     grads = torch.autograd.grad(out.sum(), (x, w, b))
-    ref = uses_all_ops(x, w, b)
+    ref = several_ops(x, w, b)
     ref_grads = torch.autograd.grad(ref.sum(), (x, w, b))
     torch.testing.assert_close(out, ref)
     # Inductor keeps the graph's own ops (the +, the sum's backward, the gradient accumulation of
@@ -95,22 +97,15 @@ def test_no_schema_has_mutation_or_alias_annotations():
         for n in names
         for o in getattr(torch.ops.customops, n).overloads()
     ]
-    assert {s.name for s in schemas} >= {
-        "customops::add",
-        "customops::sigmoid",
-        "customops::sigmoid_backward",
-        "customops::fused_linear_sigmoid",
-        "customops::fused_linear_sigmoid_backward",
-        "customops::sigmoid_focal_loss",
-        "customops::sigmoid_focal_loss_backward",
-    }
+    assert {s.name for s in schemas} >= {f"customops::{spec.name}" for spec in OP_SPECS}
     for schema in schemas:
         assert not schema.is_mutable, str(schema)
         for arg in list(schema.arguments) + list(schema.returns):
             assert arg.alias_info is None, str(schema)
 
 
-def test_compiled_graphs_have_no_auto_functionalized_node(device):
+@pytest.mark.parametrize("spec", OP_SPECS, ids=lambda s: s.name)
+def test_compiled_graphs_keep_the_op_without_functionalization(spec, device):
     from functorch.compile import aot_function, make_boxed_func
 
     graphs = []
@@ -119,15 +114,19 @@ def test_compiled_graphs_have_no_auto_functionalized_node(device):
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
-    x = torch.randn(9, 6, device=device, requires_grad=True)
-    w = torch.randn(5, 6, device=device, requires_grad=True)
-    b = torch.randn(5, device=device, requires_grad=True)
-    aot_function(uses_all_ops, fw_compiler=keep, bw_compiler=keep)(x, w, b).sum().backward()
-    assert len(graphs) == 2
+    sample = spec.samples(device, torch.float32, requires_grad="autograd" not in spec.unsupported)[0]
+    tensors = sample.tensors()
+
+    def call(*ts):
+        s = sample.with_tensors(ts)
+        return spec.op(*s.args, **s.kwargs)
+
+    out = aot_function(call, fw_compiler=keep, bw_compiler=keep)(*tensors)
+    outs = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if o.requires_grad and o.numel()]
+    if outs:
+        sum(o.sum() for o in outs).backward()
     targets = [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"]
-    assert "customops.fused_linear_sigmoid.default" in targets
-    assert "customops.fused_linear_sigmoid_backward.default" in targets
-    assert "customops.sigmoid_focal_loss_backward.default" in targets
+    assert f"customops.{spec.name}.default" in targets, targets
     assert not [t for t in targets if "auto_functionalized" in t], targets
 
 

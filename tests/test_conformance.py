@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+import customops
 from conftest import HAS_CUDA
 from customops.testing import OP_SPECS, PATHS
 from customops.testing import paths as P
@@ -98,8 +99,26 @@ def test_a_stale_declaration_is_caught(request, tmp_path):
 
 def test_every_op_has_a_spec():
     ops = {n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("customops::")}
-    ops.discard("_build_info")  # the library's report of itself (customops.build_info()), not a tensor op
+    # Names starting with "_" are the library's own hooks (its build report, the dispatch's
+    # choice of CUDA kernel), not ops a model calls: no spec.
+    ops = {op for op in ops if not op.startswith("_")}
     assert ops == {s.name for s in OP_SPECS}, "every op in csrc/registration.cpp needs an OpSpec (docs/adding_an_op.md)"
+
+
+@pytest.mark.parametrize("spec", OP_SPECS, ids=lambda s: s.name)
+def test_every_spec_has_its_kernels(spec):
+    name = f"customops::{spec.name}"
+    keys = ["CPU", "Autograd"] + (["CUDA"] if "CUDA" in customops.compiled_backends() else [])
+    missing = [k for k in keys if not torch._C._dispatch_has_kernel_for_dispatch_key(name, k)]
+    assert not missing, f"{name} has no {missing} kernel (csrc/ops/<op>/, CUSTOMOPS_LIBRARY_IMPL)"
+    assert torch._library.simple_registry.singleton.find(name).fake_impl.kernel is not None, (
+        f"{name} has no fake kernel (torch.library.register_fake in customops/ops/<op>.py)"
+    )
+
+
+@pytest.mark.parametrize("spec", OP_SPECS, ids=lambda s: s.name)
+def test_every_spec_has_error_inputs(spec):
+    assert spec.errors("cpu"), f"{spec.name}: its spec has no error_inputs"
 
 
 def test_a_wrong_reference_fails():

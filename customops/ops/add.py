@@ -9,7 +9,7 @@ csrc/ops/add/.
 import torch
 from torch import Tensor
 
-from . import _checks
+from ._fake import check_same_shape
 
 
 def add(a: Tensor, b: Tensor) -> Tensor:
@@ -33,5 +33,5 @@ def add(a: Tensor, b: Tensor) -> Tensor:
 
 @torch.library.register_fake("customops::add")
 def _add_fake(a, b):
-    _checks.check_elementwise_pair(a, "a", b, "b")
+    check_same_shape(b, "b", a, "a")
     return torch.empty_like(a, memory_format=torch.contiguous_format)

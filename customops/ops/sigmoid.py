@@ -6,7 +6,7 @@ Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd): csrc/ops/sigmoid/.
 import torch
 from torch import Tensor
 
-from . import _checks
+from ._fake import check_same_shape
 
 
 def sigmoid(x: Tensor) -> Tensor:
@@ -41,11 +41,10 @@ def sigmoid_backward(grad_out: Tensor, y: Tensor) -> Tensor:
 
 @torch.library.register_fake("customops::sigmoid")
 def _sigmoid_fake(x):
-    _checks.check_floating(x, "x")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("customops::sigmoid_backward")
 def _sigmoid_backward_fake(grad_out, y):
-    _checks.check_elementwise_pair(grad_out, "grad_out", y, "y")
+    check_same_shape(y, "y", grad_out, "grad_out")
     return torch.empty_like(y, memory_format=torch.contiguous_format)

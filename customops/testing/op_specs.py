@@ -6,7 +6,7 @@ torch.export, AOTInductor and TorchScript from Python and from C++, ONNX) and in
 import torch
 import torch.nn.functional as F
 
-from .spec import OpSpec, SampleInput, make_tensor
+from .spec import ErrorInput, OpSpec, SampleInput, make_tensor
 
 # Shapes and layouts for elementwise ops: odd sizes, 0-d, empty, every layout.
 ELEMENTWISE_CASES = [
@@ -23,6 +23,32 @@ ELEMENTWISE_CASES = [
 ]
 
 
+def _other_device(device):
+    """On CUDA, the CPU: a tensor there makes a mixed-device call."""
+    return "cpu" if device == "cuda" else None
+
+
+def elementwise_errors(first, second):
+    """Error inputs of an op on two tensors of one shape, dtype and device (``first``,
+    ``second``: their argument names)."""
+
+    def errors(device):
+        x = torch.randn(4, 8, device=device)
+        yield ErrorInput(SampleInput((x.int(), x)), first, ("floating dtype", "torch.int32"))
+        yield ErrorInput(SampleInput((x.long(), x.long())), first, ("torch.int64",))
+        yield ErrorInput(SampleInput((x.to(torch.uint16), x)), first, ("torch.uint16",))
+        yield ErrorInput(SampleInput((x.to(torch.float8_e4m3fn), x)), first, ("torch.float8_e4m3fn",))
+        yield ErrorInput(SampleInput((x, x.bool())), second, ("floating dtype", "torch.bool"))
+        yield ErrorInput(SampleInput((x, x.double())), second, (f"dtype of {first}", "torch.float32", "torch.float64"))
+        yield ErrorInput(SampleInput((x, x[:2])), second, (f"shape of {first}", "[4, 8]", "[2, 8]"))
+        yield ErrorInput(SampleInput((x, x[0])), second, (f"shape of {first}", "[8]"))
+        if _other_device(device):
+            yield ErrorInput(SampleInput((x, x.cpu())), second, (f"device of {first} (cuda:0)", "but got cpu"))
+            yield ErrorInput(SampleInput((x.cpu(), x)), second, (f"device of {first} (cpu)", "but got cuda:0"))
+
+    return errors
+
+
 # --- add -------------------------------------------------------------------------------------
 
 
@@ -35,7 +61,13 @@ def add_samples(device, dtype, requires_grad):
     yield SampleInput((t((6, 4), "transposed"), t((6, 4), "contiguous")), name="mixed_layouts")
 
 
-ADD = OpSpec(name="add", sample_inputs=add_samples, reference=torch.add)
+ADD = OpSpec(
+    name="add",
+    sample_inputs=add_samples,
+    reference=torch.add,
+    error_inputs=elementwise_errors("a", "b"),
+    cuda_kernels={"add_kernel": "2d"},
+)
 
 
 # --- sigmoid and sigmoid_backward ------------------------------------------------------------
@@ -54,12 +86,26 @@ def sigmoid_backward_samples(device, dtype, requires_grad):
         yield SampleInput((grad_out, y), name=name)
 
 
-SIGMOID = OpSpec(name="sigmoid", sample_inputs=sigmoid_samples, reference=torch.sigmoid)
+def sigmoid_errors(device):
+    x = torch.randn(4, 8, device=device)
+    yield ErrorInput(SampleInput((x.int(),)), "x", ("floating dtype", "torch.int32"))
+    yield ErrorInput(SampleInput((x.to(torch.float8_e4m3fn),)), "x", ("torch.float8_e4m3fn",))
+
+
+SIGMOID = OpSpec(
+    name="sigmoid",
+    sample_inputs=sigmoid_samples,
+    reference=torch.sigmoid,
+    error_inputs=sigmoid_errors,
+    cuda_kernels={"sigmoid_kernel": "2d"},
+)
 
 SIGMOID_BACKWARD = OpSpec(
     name="sigmoid_backward",
     sample_inputs=sigmoid_backward_samples,
     reference=lambda grad_out, y: grad_out * y * (1 - y),
+    error_inputs=elementwise_errors("grad_out", "y"),
+    cuda_kernels={"sigmoid_backward_kernel": "2d"},
     unsupported={"onnx": "no ONNX translation: a backward op, absent from inference graphs"},
 )
 
@@ -115,16 +161,52 @@ def fused_linear_sigmoid_backward_reference(grad_out, x, weight, y, output_mask)
     )
 
 
+def fused_linear_sigmoid_errors(device):
+    x, w, b = torch.randn(4, 8, device=device), torch.randn(3, 8, device=device), torch.randn(3, device=device)
+    yield ErrorInput(SampleInput((x.int(), w, b)), "x", ("floating dtype", "torch.int32"))
+    yield ErrorInput(SampleInput((x.to(torch.uint16), w, b)), "x", ("torch.uint16",))
+    yield ErrorInput(SampleInput((x, w.bool(), b)), "weight", ("floating dtype", "torch.bool"))
+    yield ErrorInput(SampleInput((x, w.double(), b)), "weight", ("dtype of x", "torch.float32", "torch.float64"))
+    yield ErrorInput(SampleInput((x, w, b.half())), "bias", ("dtype of x", "torch.float16"))
+    yield ErrorInput(SampleInput((torch.randn(4, 5, device=device), w, b)), "x.shape[-1]",
+                     ("in_features", "weight.shape[1] = 8", "[4, 5]"))
+    yield ErrorInput(SampleInput((x, w[0], b)), "weight", ("2-D", "[8]"))
+    yield ErrorInput(SampleInput((x, w, torch.randn(4, device=device))), "bias", ("(out_features,) = (3,)", "[4]"))
+    yield ErrorInput(SampleInput((x, w, b[None])), "bias", ("(out_features,) = (3,)", "[1, 3]"))
+    yield ErrorInput(SampleInput((torch.randn((), device=device), w, b)), "x", ("0-dimensional",))
+    if _other_device(device):
+        yield ErrorInput(SampleInput((x, w.cpu(), None)), "weight", ("device of x (cuda:0)", "but got cpu"))
+        yield ErrorInput(SampleInput((x.cpu(), w, None)), "weight", ("device of x (cpu)", "but got cuda:0"))
+        yield ErrorInput(SampleInput((x, w, b.cpu())), "bias", ("device of x (cuda:0)", "but got cpu"))
+
+
+def fused_linear_sigmoid_backward_errors(device):
+    x, w = torch.randn(4, 8, device=device), torch.randn(3, 8, device=device)
+    y = torch.rand(4, 3, device=device)
+    mask = [True, True, True]
+    yield ErrorInput(SampleInput((y, x, w, y[:2], mask)), "y", ("shape of grad_out",))
+    yield ErrorInput(SampleInput((y[:2], x, w, y[:2], mask)), "y", ("shape [4, 3]", "[2, 3]"))
+    yield ErrorInput(SampleInput((y, x, w, y.double(), mask)), "y", ("dtype of grad_out",))
+    yield ErrorInput(SampleInput((y, x, w[:, :5], y, mask)), "x.shape[-1]", ("weight.shape[1] = 5",))
+    if _other_device(device):
+        yield ErrorInput(SampleInput((y.cpu(), x, w, y, mask)), "y", ("device of grad_out (cpu)", "but got cuda:0"))
+
+
 FUSED_LINEAR_SIGMOID = OpSpec(
     name="fused_linear_sigmoid",
     sample_inputs=fused_linear_sigmoid_samples,
     reference=lambda x, weight, bias=None: torch.sigmoid(F.linear(x, weight, bias)),
+    error_inputs=fused_linear_sigmoid_errors,
+    # The GEMM is cuBLAS's or CUTLASS's; the small-M kernel runs on sm_90 in bfloat16 and
+    # float16 only (tests/test_cuda_kernels.py checks its launch errors).
 )
 
 FUSED_LINEAR_SIGMOID_BACKWARD = OpSpec(
     name="fused_linear_sigmoid_backward",
     sample_inputs=fused_linear_sigmoid_backward_samples,
     reference=fused_linear_sigmoid_backward_reference,
+    error_inputs=fused_linear_sigmoid_backward_errors,
+    cuda_kernels={"sigmoid_backward_colsum_kernel": "2d"},
     unsupported={"onnx": "no ONNX translation: a backward op, absent from inference graphs"},
 )
 
@@ -151,32 +233,84 @@ def sigmoid_focal_loss_reference(inputs, targets, alpha=0.25, gamma=2.0, reducti
     raise ValueError(reduction)
 
 
-# (name, shape, layout, alpha, gamma, reduction)
+# (name, shape, layout, alpha, gamma, reduction): every reduction, every layout, and the
+# (alpha, gamma) pairs that take different branches: the defaults, no weighting (alpha < 0),
+# weighted BCE (gamma = 0), gamma = 1, fractional gamma below and above 1.
 FOCAL_CASES = [
     ("2d", (5, 7), "contiguous", 0.25, 2.0, "none"),  # first sample: the one exported
     ("transposed_mean", (6, 4), "transposed", 0.5, 1.0, "mean"),
     ("strided_sum", (4, 9), "strided", 0.25, 2.0, "sum"),
     ("no_alpha_gamma0", (1029,), "offset", -1.0, 0.0, "none"),  # vector loop, tail, unaligned
+    ("no_alpha_sum", (3, 5), "padded", -1.0, 2.0, "sum"),
+    ("gamma_half_mean", (2, 3, 4, 5), "channels_last", 0.75, 0.5, "mean"),
+    ("gamma_3_5", (6, 5), "contiguous", 0.25, 3.5, "none"),
+    ("weighted_bce_sum", (7, 3), "contiguous", 0.25, 0.0, "sum"),
+    ("0d", (), "contiguous", 0.4, 1.5, "none"),
     ("empty_sum", (0, 3), "contiguous", 0.25, 2.0, "sum"),
 ]
 
 
+def _focal_pair(shape, layout, device, dtype, requires_grad):
+    # Logits scaled by 4 reach the saturated tails; targets are soft labels in [0, 1).
+    inputs = make_tensor(shape, device, dtype, layout, requires_grad, scale=4)
+    targets = make_tensor(shape, device, dtype, "contiguous", requires_grad, uniform=True)
+    return inputs, targets
+
+
 def sigmoid_focal_loss_samples(device, dtype, requires_grad):
     for name, shape, layout, alpha, gamma, reduction in FOCAL_CASES:
-        # Logits scaled by 4 reach the saturated tails; targets are soft labels in [0, 1).
-        inputs = make_tensor(shape, device, dtype, layout, requires_grad, scale=4)
-        targets = make_tensor(shape, device, dtype, "contiguous", requires_grad, uniform=True)
+        inputs, targets = _focal_pair(shape, layout, device, dtype, requires_grad)
         yield SampleInput((inputs, targets), {"alpha": alpha, "gamma": gamma, "reduction": reduction}, name=name)
+    # Logits of +-100 and +-1e4 with hard 0/1 targets: a finite loss everywhere. Not for
+    # gradcheck: finite differences of a saturated function in float64 are not meaningful.
+    if not requires_grad:
+        inputs = torch.tensor([100.0, -100.0, 1e4, -1e4, 3.0, -3.0], dtype=torch.float64)
+        targets = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+        big = dict(device=device, dtype=dtype)
+        yield SampleInput((inputs.to(**big), targets.to(**big)), {"alpha": 0.25, "gamma": 0.5, "reduction": "none"},
+                          name="large_logits")
 
 
 def sigmoid_focal_loss_backward_samples(device, dtype, requires_grad):
-    for name, shape, layout, alpha, gamma, reduction in FOCAL_CASES:
-        inputs = make_tensor(shape, device, dtype, layout, requires_grad, scale=4)
-        targets = make_tensor(shape, device, dtype, "contiguous", requires_grad, uniform=True)
+    masks = [[True, True], [True, False], [False, True]]
+    for i, (name, shape, layout, alpha, gamma, reduction) in enumerate(FOCAL_CASES):
+        inputs, targets = _focal_pair(shape, layout, device, dtype, requires_grad)
         grad_shape = shape if reduction == "none" else ()
         grad_out = make_tensor(grad_shape, device, dtype, "contiguous", requires_grad)
-        mask = [True, name != "2d"]  # grad w.r.t. targets too, except in one sample
-        yield SampleInput((grad_out, inputs, targets, alpha, gamma, reduction, mask), name=name)
+        yield SampleInput((grad_out, inputs, targets, alpha, gamma, reduction, masks[i % 3]), name=name)
+
+
+def sigmoid_focal_loss_errors(device):
+    x, t = torch.randn(4, 5, device=device), torch.rand(4, 5, device=device)
+    yield ErrorInput(SampleInput((x.int(), t)), "inputs", ("floating dtype", "torch.int32"))
+    yield ErrorInput(SampleInput((x, t.long())), "targets", ("floating dtype", "torch.int64"))
+    yield ErrorInput(SampleInput((x, t.double())), "targets", ("dtype of inputs", "torch.float32", "torch.float64"))
+    yield ErrorInput(SampleInput((x, t[:2])), "targets", ("shape of inputs", "[4, 5]", "[2, 5]"))
+    yield ErrorInput(SampleInput((x, t[0])), "targets", ("shape of inputs", "[4, 5]", "[5]"))
+    yield ErrorInput(SampleInput((x, t, 0.25, 2.0, "avg")), "reduction", ("'none', 'mean' or 'sum'", "'avg'"))
+    yield ErrorInput(SampleInput((x, t, 0.25, 2.0, "Sum")), "reduction", ("'Sum'",))
+    yield ErrorInput(SampleInput((x, t, 0.25, -1.0, "none")), "gamma", (">= 0", "-1"))
+    yield ErrorInput(SampleInput((x, t, 0.25, float("inf"), "sum")), "gamma", ("finite", "inf"))
+    yield ErrorInput(SampleInput((x, t, float("nan"), 2.0)), "alpha", ("finite", "nan"))
+    yield ErrorInput(SampleInput((x, t, float("inf"), 2.0)), "alpha", ("finite", "inf"))
+    if _other_device(device):
+        yield ErrorInput(SampleInput((x, t.cpu())), "targets", ("device of inputs (cuda:0)", "but got cpu"))
+        yield ErrorInput(SampleInput((x.cpu(), t)), "targets", ("device of inputs (cpu)", "but got cuda:0"))
+
+
+def sigmoid_focal_loss_backward_errors(device):
+    x, t = torch.randn(4, 5, device=device), torch.rand(4, 5, device=device)
+    g0 = torch.ones((), device=device)
+    yield ErrorInput(SampleInput((g0, x, t, 0.25, 2.0, "none", [True, True])), "grad_out", ("shape of inputs", "[]"))
+    yield ErrorInput(SampleInput((x, x, t, 0.25, 2.0, "sum", [True, True])), "grad_out",
+                     ("0-dimensional", "'sum'", "[4, 5]"))
+    yield ErrorInput(SampleInput((g0.half(), x, t, 0.25, 2.0, "mean", [True, False])), "grad_out",
+                     ("dtype of inputs", "torch.float16"))
+    yield ErrorInput(SampleInput((g0, x, t, 0.25, 2.0, "max", [True, False])), "reduction", ("'max'",))
+    yield ErrorInput(SampleInput((g0.int(), x, t, 0.25, 2.0, "sum", [True, False])), "grad_out", ("floating dtype",))
+    if _other_device(device):
+        yield ErrorInput(SampleInput((g0.cpu(), x, t, 0.25, 2.0, "sum", [True, False])), "grad_out",
+                         ("device of inputs (cuda:0)", "but got cpu"))
 
 
 def sigmoid_focal_loss_backward_reference(grad_out, inputs, targets, alpha, gamma, reduction, output_mask):
@@ -194,6 +328,12 @@ SIGMOID_FOCAL_LOSS = OpSpec(
     sample_inputs=sigmoid_focal_loss_samples,
     reference=sigmoid_focal_loss_reference,
     supports_gradgrad=False,  # first-order gradients only: double backward raises
+    error_inputs=sigmoid_focal_loss_errors,
+    cuda_kernels={
+        "sigmoid_focal_loss_kernel": "2d",
+        "sigmoid_focal_loss_reduce_kernel": "strided_sum",
+        "sigmoid_focal_loss_finalize_kernel": "transposed_mean",
+    },
 )
 
 SIGMOID_FOCAL_LOSS_BACKWARD = OpSpec(
@@ -201,6 +341,8 @@ SIGMOID_FOCAL_LOSS_BACKWARD = OpSpec(
     sample_inputs=sigmoid_focal_loss_backward_samples,
     reference=sigmoid_focal_loss_backward_reference,
     supports_gradgrad=False,
+    error_inputs=sigmoid_focal_loss_backward_errors,
+    cuda_kernels={"sigmoid_focal_loss_backward_kernel": "strided_sum"},
     unsupported={
         "autograd": "first-order gradients only: the backward op has no derivative of its own (it raises)",
         "onnx": "no ONNX translation: a backward op, absent from inference graphs",

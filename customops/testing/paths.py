@@ -8,7 +8,10 @@ Each ``check_<path>(spec, device, ...)`` returns quietly when the op passes, rai
 """
 
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import warnings
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -379,9 +382,23 @@ def check_torchscript_cpp(spec: OpSpec, device: str, serve: str) -> None:
 # --- ONNX -------------------------------------------------------------------------------------
 
 
+def _configurations(spec: OpSpec, device: str) -> list:
+    """The first sample of each distinct set of non-tensor arguments: an artifact's graph
+    depends on those (a translation may branch on them), not on the tensors' sizes."""
+    seen, firsts = set(), []
+    for sample in spec.samples(device, torch.float32):
+        key = repr(([a for a in sample.args if not isinstance(a, torch.Tensor)],
+                    {k: v for k, v in sample.kwargs.items() if not isinstance(v, torch.Tensor)}))
+        if key not in seen:
+            seen.add(key)
+            firsts.append(sample)
+    return firsts
+
+
 def check_onnx(spec: OpSpec, device: str = "cpu", quick: bool = False) -> None:
-    """The op on its first float32 sample through ``torch.onnx.export(dynamo=True)`` with
-    customops' translation table, run in onnxruntime (CPU): only standard-domain ONNX ops."""
+    """The op through ``torch.onnx.export(dynamo=True)`` with customops' translation table, run
+    in onnxruntime (CPU): only standard-domain ONNX ops, a model that passes the ONNX checker,
+    and outputs that match the reference, for each distinct set of non-tensor arguments."""
     if device != "cpu":
         raise NotApplicable("checked once, on the CPU (ONNX Runtime's CPU provider)")
     try:
@@ -392,22 +409,209 @@ def check_onnx(spec: OpSpec, device: str = "cpu", quick: bool = False) -> None:
     except ImportError as e:
         raise NotApplicable(f"needs onnx, onnxscript and onnxruntime ({e.name} is not installed): "
                             "pip install 'customops[export]' onnxruntime")
-    sample = first_sample(spec, "cpu")
-    tensors = tuple(t.contiguous() for t in sample.tensors())
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        path = os.path.join(tmp, f"{spec.name}.onnx")
-        torch.onnx.export(
-            OpModule(spec, sample), tensors, path, dynamo=True, custom_translation_table=ONNX_TRANSLATION_TABLE,
-            input_names=[f"in{i}" for i in range(len(tensors))], verbose=False,
+    for sample in _configurations(spec, "cpu")[: 1 if quick else None]:
+        tensors = tuple(t.contiguous() for t in sample.tensors())
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            path = os.path.join(tmp, f"{spec.name}.onnx")
+            torch.onnx.export(
+                OpModule(spec, sample), tensors, path, dynamo=True, custom_translation_table=ONNX_TRANSLATION_TABLE,
+                input_names=[f"in{i}" for i in range(len(tensors))], verbose=False,
+            )
+            proto = onnx.load(path)
+            onnx.checker.check_model(proto, full_check=True)
+            domains = {n.domain for n in proto.graph.node} | {f.domain for f in proto.functions}
+            assert domains <= {"", "ai.onnx"}, f"{spec.name}: non-standard ONNX domains {domains}"
+            session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+            outs = session.run(None, {f"in{i}": t.numpy() for i, t in enumerate(tensors)})
+        got = tuple(torch.from_numpy(o) for o in outs)
+        assert_matches_reference(spec, sample, got if len(got) > 1 else got[0], torch.float32, "ONNX Runtime")
+
+
+# --- user errors ------------------------------------------------------------------------------
+
+
+def _raised(fn, *args, **kwargs) -> Optional[BaseException]:
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001  (which exception, and its message, is what is checked)
+        return e
+    return None
+
+
+def check_errors(spec: OpSpec, device: str, quick: bool = False) -> None:
+    """Every error input raises a RuntimeError that names the argument (``expected <arg> ``)
+    and holds the details, from the kernel; under torch.compile (fullgraph) too, whether the
+    fake kernel refuses it while tracing or the kernel when the graph runs; and on meta tensors
+    the fake kernel either refuses it, naming the argument, or computes an output (value and
+    dtype checks live in the kernels alone)."""
+    _need_device(device)
+    errors = spec.errors(device)
+    assert errors or quick, f"{spec.name} has no error inputs: add error_inputs to its spec"
+    for case in errors[: 1 if quick else None]:
+        s, named = case.sample, f"expected {case.arg} "
+        where = f"{spec.name}, error input {named!r} {list(case.details)}"
+        eager = _raised(_call, spec, s)
+        assert isinstance(eager, RuntimeError), f"{where}: eager raised {eager!r}, not a RuntimeError"
+        message = str(eager).splitlines()[0]
+        for part in (named, *case.details):
+            assert part in message, f"{where}: {part!r} is not in the message {message!r}"
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a, **k: spec.op(*a, **k), backend="aot_eager", fullgraph=True)
+        traced = _raised(compiled, *s.args, **s.kwargs)
+        torch._dynamo.reset()
+        assert isinstance(traced, RuntimeError) and named in str(traced), (
+            f"{where}: under torch.compile it raised {traced!r}, which does not name the argument"
         )
-        proto = onnx.load(path)
-        domains = {n.domain for n in proto.graph.node} | {f.domain for f in proto.functions}
-        assert domains <= {"", "ai.onnx"}, f"{spec.name}: non-standard ONNX domains {domains}"
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        outs = session.run(None, {f"in{i}": t.numpy() for i, t in enumerate(tensors)})
-    got = tuple(torch.from_numpy(o) for o in outs)
-    assert_matches_reference(spec, sample, got if len(got) > 1 else got[0], torch.float32, "ONNX Runtime")
+        if any(t.device.type != device for t in s.tensors()):
+            continue  # a mixed-device call has no meta equivalent
+        meta = _raised(_call, spec, s.map_tensors(lambda t: t.to("meta")))
+        assert meta is None or (isinstance(meta, RuntimeError) and named in str(meta)), (
+            f"{where}: the fake kernel raised {meta!r}, which does not name the argument"
+        )
+
+
+# --- CUDA runtime ------------------------------------------------------------------------------
+
+
+def _differentiable(spec: OpSpec) -> bool:
+    return "autograd" not in spec.unsupported
+
+
+def _reference_grads(spec: OpSpec, sample: SampleInput, cotangents):
+    """Gradients of the reference, in float64, w.r.t. the inputs that require grad."""
+    s = _float64(sample).map_tensors(lambda t: t.requires_grad_(t.is_floating_point()))
+    wanted = [t for t, orig in zip(s.tensors(), sample.tensors()) if orig.requires_grad]
+    with torch.enable_grad():
+        outs = _as_tuple(spec.reference(*s.args, **s.kwargs))
+        pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None]
+        return torch.autograd.grad([o for o, _ in pairs], wanted, [c.double() for _, c in pairs], allow_unused=True)
+
+
+def _assert_grads(spec, sample, grads, ref_grads, dtype, what):
+    tol = spec.tolerance(dtype)
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        if r is None:
+            continue
+        torch.testing.assert_close(g.double().cpu(), r.cpu(), atol=10 * tol["atol"], rtol=10 * tol["rtol"],
+                                   msg=lambda m, i=i: f"{spec.name} ({what}), sample {sample.name!r}, grad {i}: {m}")
+
+
+def _with_grad(spec: OpSpec, sample: SampleInput) -> SampleInput:
+    """The sample with requires_grad on its floating tensors (a fresh leaf each)."""
+    if not _differentiable(spec):
+        return sample
+    return sample.map_tensors(lambda t: t.detach().clone().requires_grad_(t.is_floating_point()))
+
+
+def _grads(outs, sample, cotangents):
+    inputs = [t for t in sample.tensors() if t.requires_grad]
+    pairs = [(o, c) for o, c in zip(outs, cotangents) if c is not None and o.requires_grad]
+    if not inputs or not pairs:
+        return []
+    return torch.autograd.grad([o for o, _ in pairs], inputs, [c for _, c in pairs], allow_unused=True)
+
+
+def check_cuda_stream(spec: OpSpec, device: str, quick: bool = False) -> None:
+    """The first sample's inputs are written on a side stream behind a long sleep, then the op
+    (and its backward) runs there: a kernel launched on another stream than the current one
+    would read the old (zero) inputs."""
+    _need_device(device)
+    sample = _with_grad(spec, first_sample(spec, "cuda"))
+    zeros = sample.map_tensors(lambda t: torch.zeros_like(t).requires_grad_(t.requires_grad))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # about 25 ms at 2 GHz
+        with torch.no_grad():
+            for z, t in zip(zeros.tensors(), sample.tensors()):
+                z.copy_(t)
+        outs = _as_tuple(_call(spec, zeros))
+        cotangents = [torch.ones_like(o) if o.is_floating_point() and o.numel() else None for o in outs]
+        grads = _grads(outs, zeros, cotangents)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert_matches_reference(spec, sample, outs if len(outs) > 1 else outs[0], torch.float32, "side stream")
+    if grads:
+        _assert_grads(spec, sample, grads, _reference_grads(spec, sample, cotangents), torch.float32, "side stream")
+
+
+def check_cuda_graph(spec: OpSpec, device: str, quick: bool = False) -> None:
+    """The op on the first sample captured in a CUDA graph, replayed three times with new
+    inputs copied into the static ones (float32 and bfloat16, where supported); then
+    ``torch.compile(mode="reduce-overhead")`` (CUDA graphs through Inductor) over three calls
+    with new inputs."""
+    _need_device(device)
+    dtypes = [d for d in (torch.float32, torch.bfloat16) if d in spec.dtypes_on("cuda")][: 1 if quick else None]
+    for dtype in dtypes:
+        static = spec.samples("cuda", dtype)[0]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm up (cuBLAS workspaces, lazy initialisation) off the graph
+                _call(spec, static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = _call(spec, static)
+        for k in range(3):
+            new = static.map_tensors(lambda t: t * (k + 2) if t.is_floating_point() else t)
+            for t, n in zip(static.tensors(), new.tensors()):
+                t.copy_(n)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_matches_reference(spec, new, static_out, dtype, f"CUDA graph replay {k}")
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda *a, **kw: spec.op(*a, **kw), mode="reduce-overhead", fullgraph=True)
+    try:
+        for k in range(3):
+            sample = first_sample(spec, "cuda").map_tensors(lambda t: t * (k + 1) if t.is_floating_point() else t)
+            out = compiled(*sample.args, **sample.kwargs)
+            out = tuple(o.clone() for o in out) if isinstance(out, (tuple, list)) else out.clone()
+            assert_matches_reference(spec, sample, out, torch.float32, f"reduce-overhead call {k}")
+        assert counters["inductor"]["cudagraph_skips"] == 0, f"{spec.name}: Inductor skipped CUDA graphs: {dict(counters['inductor'])}"
+    finally:
+        torch._dynamo.reset()
+
+
+def check_cuda_launch(spec: OpSpec, device: str, quick: bool = False) -> None:
+    """For each kernel of ``spec.cuda_kernels``, in a fresh process in which the test hook
+    ``CUSTOMOPS_TEST_FAIL_LAUNCH=<kernel>`` gives it an invalid block size: the op raises a
+    RuntimeError naming the kernel, and afterwards the op works (the error is not sticky)."""
+    _need_device(device)
+    if not spec.cuda_kernels:
+        raise NotApplicable(f"{spec.name} launches no CUDA kernel of its own")
+    for kernel, sample_name in list(spec.cuda_kernels.items())[: 1 if quick else None]:
+        script = textwrap.dedent(
+            f"""
+            import torch, customops
+            from customops.testing import OP_SPECS
+            from customops.testing.paths import assert_matches_reference
+            spec = next(s for s in OP_SPECS if s.name == {spec.name!r})
+            sample = spec.sample({sample_name!r}, "cuda")
+            try:
+                spec.op(*sample.args, **sample.kwargs)
+                torch.cuda.synchronize()
+            except RuntimeError as e:
+                print("RAISED:", e)
+            else:
+                print("NO ERROR")
+            x = torch.randn(64, 64, device="cuda")
+            print("AFTER:", torch.allclose(customops.add(x, x) if {kernel!r} != "add_kernel" else customops.sigmoid(x),
+                                           x + x if {kernel!r} != "add_kernel" else torch.sigmoid(x)))
+            """
+        )
+        env = dict(os.environ, CUSTOMOPS_TEST_FAIL_LAUNCH=kernel)
+        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{spec.name}, {kernel}: {proc.stderr[-3000:]}"
+        # CUDA calls the bad block size "invalid argument" or "invalid configuration argument".
+        assert f"RAISED: customops: CUDA kernel {kernel} failed to launch: invalid" in proc.stdout, (
+            f"{spec.name}, sample {sample_name!r} did not report a failed launch of {kernel}: {proc.stdout}"
+        )
+        assert "AFTER: True" in proc.stdout, proc.stdout
 
 
 # --- one entry point ------------------------------------------------------------------------
@@ -428,7 +632,8 @@ def run_path(
         raise NotApplicable(f"{path} runs on {', '.join(PATHS[path])} only")
     simple = {
         "eager": check_eager, "autograd": check_autograd, "opcheck": check_opcheck, "compile": check_compile,
-        "export": check_export, "torchscript": check_torchscript, "onnx": check_onnx,
+        "export": check_export, "torchscript": check_torchscript, "onnx": check_onnx, "errors": check_errors,
+        "cuda_stream": check_cuda_stream, "cuda_graph": check_cuda_graph, "cuda_launch": check_cuda_launch,
     }
     if path in simple:
         simple[path](spec, device, quick=quick)

@@ -22,6 +22,10 @@ PATHS: Dict[str, Tuple[str, ...]] = {
     "torchscript": ("cpu", "cuda"),  # torch.jit.script from the op's schema, run from Python
     "torchscript_cpp": ("cpu", "cuda"),  # a TorchScript file run by the C++ binary customops_serve
     "onnx": ("cpu",),  # torch.onnx.export with customops' translation table, run in onnxruntime (CPU)
+    "errors": ("cpu", "cuda"),  # every error input refused, eagerly and under torch.compile, naming the argument
+    "cuda_stream": ("cuda",),  # inputs written on a side stream behind a sleep: the op runs on the current stream
+    "cuda_graph": ("cuda",),  # captured in a CUDA graph and replayed with new inputs; reduce-overhead compile
+    "cuda_launch": ("cuda",),  # a failed launch of each of the op's kernels is a RuntimeError naming it
 }
 
 # Tolerances of an op's output against its float64 reference, per input dtype: 16-bit inputs
@@ -58,6 +62,17 @@ class SampleInput:
         return self.with_tensors([fn(t) for t in self.tensors()])
 
 
+@dataclasses.dataclass
+class ErrorInput:
+    """A call the op must refuse with a RuntimeError. Its message contains ``expected <arg> ``
+    (every message names the argument that is wrong) and, from the kernels, each of
+    ``details`` (what was expected and what was given)."""
+
+    sample: SampleInput
+    arg: str
+    details: Tuple[str, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
     """Everything the test suite and the doctor need to know about one op.
@@ -73,6 +88,10 @@ class OpSpec:
     dtypes / cuda_dtypes: the dtypes the op supports on the CPU / on CUDA (None: ``dtypes``).
     tol: per-dtype ``dict(atol=, rtol=)`` overriding :data:`DEFAULT_TOL`.
     supports_gradgrad: run gradgradcheck too (the backward is differentiable).
+    error_inputs: ``device -> iterable of ErrorInput``: bad dtypes, shapes, devices (on
+        ``"cuda"``, a CPU tensor among CUDA ones) and values.
+    cuda_kernels: ``{kernel name: sample name}``: each CUDA kernel of the op (the name its
+        launch check reports) and a float32 sample that launches it.
     unsupported: ``{path: reason}`` for every path in :data:`PATHS` the op cannot take; the
         tests report it as skipped with this reason, and fail once the path starts working.
     """
@@ -84,6 +103,8 @@ class OpSpec:
     cuda_dtypes: Optional[Tuple[torch.dtype, ...]] = None
     tol: Dict[torch.dtype, Dict[str, float]] = dataclasses.field(default_factory=dict)
     supports_gradgrad: bool = True
+    error_inputs: Callable[[str], Iterable[ErrorInput]] = lambda device: ()
+    cuda_kernels: Dict[str, str] = dataclasses.field(default_factory=dict)
     unsupported: Dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -106,6 +127,18 @@ class OpSpec:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             return list(self.sample_inputs(device, dtype, requires_grad))
+
+    def sample(self, name: str, device: str, dtype: torch.dtype = torch.float32) -> SampleInput:
+        """The sample called ``name``."""
+        found = [s for s in self.samples(device, dtype) if s.name == name]
+        if not found:
+            raise KeyError(f"{self.name} has no sample {name!r}")
+        return found[0]
+
+    def errors(self, device: str) -> list:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return list(self.error_inputs(device))
 
 
 LAYOUTS = ("contiguous", "transposed", "strided", "padded", "offset", "channels_last")
