@@ -1,6 +1,5 @@
-"""Timing helpers shared by the benchmarks and scripts/diag. No import of customops here, so
-that a diagnostic that times kernels of its own (scripts/diag/sm90_variants.py) runs without
-the library built."""
+"""Timing helpers shared by the benchmarks (the method and why: docs/design.md, "Timing
+method")."""
 
 import os
 
@@ -19,8 +18,8 @@ def bench_round_robin(impls, rounds=3):
     power-limited GPU the clock drifts within a run, and timing each implementation in one
     block would favour whichever ran first. Each pass starts len(impls) // rounds
     implementations further on, so that no implementation always runs at the same point of a
-    pass (a position effect of a few percent would explain one fixed-order run:
-    benchmarks/NOTES.md, "Sixth session")."""
+    pass (a fixed order read the last-timed implementations a few percent slow:
+    docs/design.md, "Timing method")."""
     names = list(impls)
     times = {name: [] for name in names}
     for r in range(rounds):

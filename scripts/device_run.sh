@@ -3,7 +3,7 @@
 # run the main job on CUDA, the whole test suite, then the benchmark harness. Everything lands
 # in $OUT (at most 8 files come back).
 #
-#   [DIAG=1] [SKIP_BUILD=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--sanitize] [--arch-check] [benchmark args...]
+#   [SKIP_BUILD=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--sanitize] [--arch-check] [benchmark args...]
 #
 # A whole run (main job, every test file, benchmark) takes about 10 minutes on the H200;
 # TESTS and --no-main-job cut it to what a change touched.
@@ -61,10 +61,6 @@ echo "build: $((SECONDS - t0)) s; kernels: $(python3 -c 'import customops; print
 
 if [ "$run_main_job" = 1 ]; then
   python3 -m customops.train_digits --device cuda --no-progress 2>&1 | tee -a "$OUT/run.log"
-fi
-
-if [ "${DIAG:-0}" = 1 ]; then
-  for d in scripts/diag/*.py; do echo "== $d"; python3 "$d"; done 2>&1 | tee -a "$OUT/run.log"
 fi
 
 t0=$SECONDS
