@@ -2,7 +2,7 @@
 //
 // Autograd is registered in C++ (as torchvision does) rather than with
 // torch.library.register_autograd: a Python autograd kernel runs on every call, grad or
-// not, and cost 15-25 us per call on the H200 machine's CPU (benchmarks/NOTES.md), and a
+// not, and cost 15-25 us per call on the H200 machine's CPU (docs/design.md), and a
 // C++ program would get no gradients at all.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>

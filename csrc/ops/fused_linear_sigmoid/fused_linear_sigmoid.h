@@ -105,7 +105,7 @@ at::Tensor fused_linear_sigmoid_forward_impl(
 // ATen's CPU kernels are vectorized for the CPU found at run time (AVX2/AVX-512), which this
 // library, compiled once with generic flags, cannot be; on CUDA, cuBLASLt's bias epilogue
 // makes this eager's speed, where a GEMM plus our own bias + sigmoid pass was up to 12% slower
-// at mid-size M (benchmarks/NOTES.md).
+// at mid-size M (docs/design.md).
 inline void linear_sigmoid_aten(
     const at::Tensor& x2d, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, at::Tensor& out2d) {
   if (bias.has_value()) {

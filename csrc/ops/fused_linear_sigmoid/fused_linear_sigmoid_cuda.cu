@@ -93,7 +93,7 @@ bool sm90_supported(
   // test ATen's cuBLAS path makes (any of torch.backends.cuda.matmul.fp32_precision,
   // torch.backends.fp32_precision, allow_tf32, set_float32_matmul_precision; at::NoTF32Guard).
   // allowTF32CuBLAS() is not used: it throws when the legacy and the new settings disagree.
-  // Pingpong is the one configuration built for it (the faster of two measured, benchmarks/NOTES.md).
+  // Pingpong is the one configuration built for it (the faster of two measured, docs/design.md).
   const bool tf32 = dtype == at::kFloat && k == Kernel::kSm90Pingpong128 && !at::NoTF32Guard::should_disable_tf32() &&
                     at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
                         at::Float32Precision::TF32;
@@ -157,13 +157,13 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
         " and dtype ", dtype_name(x2d.scalar_type()), " on this GPU and build");
     return *k;
   }
-  // Thresholds measured on an H200 (benchmarks/NOTES.md; scripts/diag/small_m_tuning.py and
-  // sm90_variants.py): the small-M kernel beats cuBLAS + a second pass at M <= 8 rows up to
-  // N = 8192; from about 512 rows the CUTLASS epilogue fusion wins. There, Pingpong (whose
-  // epilogue overlaps the other warpgroup's MMAs), with the wider epilogue tile at K <= 512
-  // (16-bit only), and Cooperative 128x256 for outputs of at most 4096x4096 at large M and K
-  // (16-bit only; Pingpong was faster at 16384x4096x4096, at 4096^3 the runs disagree), at least
-  // one 256-wide tile across. In between, the generic path (eager's own calls).
+  // Thresholds measured on an H200 (docs/design.md): the small-M kernel beats cuBLAS + a
+  // second pass at M <= 8 rows up to N = 8192; from about 512 rows the CUTLASS epilogue
+  // fusion wins. There, Pingpong (whose epilogue overlaps the other warpgroup's MMAs), with
+  // the wider epilogue tile at K <= 512 (16-bit only), and Cooperative 128x256 for outputs of
+  // at most 4096x4096 at large M and K (16-bit only; Pingpong was faster at 16384x4096x4096,
+  // at 4096^3 the runs disagree), at least one 256-wide tile across. In between, the generic
+  // path (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M < 512) return Kernel::kGeneric;

@@ -7,7 +7,7 @@
 // LinCombPerColBiasEltAct, whose alpha * acc + beta * C + bias costs two FFMA per
 // element that this op never needs. At K = 512 the Pingpong epilogue is on the
 // critical path and every instruction per element counts (ncu at 32768x512x2048:
-// 109.9-110.2 us against 115.3-116.6; benchmarks/NOTES.md, "Eighth session").
+// 109.9-110.2 us against 115.3-116.6; docs/design.md).
 //
 // For bf16/fp16 the sigmoid is 0.5 * tanh(z / 2) + 0.5 with the hardware
 // tanh.approx: one MUFU op per element instead of an exp and an IEEE divide, which

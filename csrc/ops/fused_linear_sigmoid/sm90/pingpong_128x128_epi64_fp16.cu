@@ -1,7 +1,7 @@
 // Pingpong 128x128 with a 64x64 epilogue tile (the default is 64x32): half the epilogue's
 // subtiles, each a shared-memory round trip and a TMA store. It wins where the epilogue is
 // large against the main loop (K <= 512) and measured slower from K = 1024, for a reason not
-// established (scripts/diag/sm90_variants.py, benchmarks/NOTES.md "Sixth session").
+// established (docs/design.md).
 #include "gemm_bias_sigmoid.cuh"
 
 namespace customops::fls_cuda::sm90::pingpong_128x128_epi64_fp16 {
