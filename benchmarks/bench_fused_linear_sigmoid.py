@@ -9,7 +9,7 @@ and max-autotune-no-cudagraphs), cuBLAS mm alone and the measured roofline, in o
 --variants also times each named CUDA kernel forced through CUSTOMOPS_FLS_CUDA_KERNEL, on the
 shapes it can run (how the dispatch in fused_linear_sigmoid_cuda.cu was tuned).
 
-Method (the device tool's METHOD.md): FLOPs (2·M·N·K) and bytes (x, W, b read once, y written
+Method (docs/design.md says why): FLOPs (2·M·N·K) and bytes (x, W, b read once, y written
 once) counted first; every implementation checked against a float64 reference
 (‖out − ref‖/‖ref‖); times are medians of CUDA-event timings with the L2 flushed before each
 run (triton.testing.do_bench); the two ceilings (bf16 matmul rate, device-to-device copy

@@ -3,7 +3,7 @@ torch.compile of the composite, forward and forward + backward, time and peak me
 
     python benchmarks/bench_sigmoid_focal_loss.py [--out benchmarks/results] [--device cuda|cpu] [--quick]
 
-The issue's target (H200): float32 logits (65536, 80), reduction "sum", forward + backward
+The target (H200): float32 logits (65536, 80), reduction "sum", forward + backward
 at least 3x faster and peak memory at least 3x lower than the eager composite; the table
 says whether this run meets it. Also reduction "none" and bfloat16.
 
@@ -34,7 +34,7 @@ import torch
 import customops
 from customops.testing.op_specs import sigmoid_focal_loss_reference
 
-CASES = [  # (rows, classes, dtype, reduction); the first is the target
+CASES = [  # (rows, classes, dtype, reduction); the first is the target case
     (65536, 80, "float32", "sum"),
     (65536, 80, "float32", "none"),
     (65536, 80, "float32", "mean"),

@@ -1,6 +1,6 @@
 """scripts/sanitizer_reports.py, which decides scripts/sanitize.sh's verdict. The log lines are in
-compute-sanitizer's formats (one from the session-5 racecheck run that caught a race in the
-small-M kernel), including reports that follow pytest's progress dots on the same line."""
+compute-sanitizer's formats (one from the 2026-11-29 racecheck run that caught a race in a
+small-M kernel design), including reports that follow pytest's progress dots on the same line."""
 
 import os
 import subprocess
