@@ -80,9 +80,9 @@ void define_schemas(torch::Library& m) {
   // Python package and the doctor read it.
   m.def("_build_info() -> str", [] { return build_info(); });
 
-  // set_python_module names the Python module holding the fake kernel and
-  // autograd formula of the ops defined after it; torch imports that module
-  // itself when it needs them (e.g. for a graph loaded from disk).
+  // set_python_module names the Python module holding the fake kernel of the ops
+  // defined after it (their autograd kernels are C++, csrc/ops/<op>/<op>_autograd.cpp);
+  // torch imports that module itself when it needs it (e.g. for a graph loaded from disk).
 
   // Elementwise: the registry's smallest worked examples (see docs/adding_an_op.md).
   m.set_python_module("customops.ops.add");

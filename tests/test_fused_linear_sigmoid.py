@@ -21,7 +21,8 @@ def reference(x, w, b):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_larger_shapes_hit_vector_and_tail_paths(device, dtype):
-    # out_features 24 (vector path) and 29 (scalar path); 16-bit accumulates in float32.
+    # out_features 24 (rows a multiple of 8 elements) and 29 (not). At 129 rows both devices run
+    # linear_sigmoid_aten (ATen's addmm, then sigmoid_); 16-bit accumulates in float32.
     for n in (24, 29):
         x, w, b = torch.randn(129, 300, device=device, dtype=dtype), torch.randn(n, 300, device=device, dtype=dtype), None
         b = torch.randn(n, device=device, dtype=dtype)

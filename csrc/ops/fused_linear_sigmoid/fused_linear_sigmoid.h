@@ -72,9 +72,10 @@ inline int64_t leading_rows(const at::Tensor& t) {
 // above; backends run the checks first, then set their device guard.
 //
 // Both run their ATen calls below autograd: a backend kernel never records a
-// graph, also when the library is used without its Python autograd formulas
-// (a C++ program) and an input requires grad. Every returned tensor is its own
-// allocation, never a view, so in-place ops on it work as on any fresh tensor.
+// graph, however it is reached (from the autograd kernel, or called at its
+// dispatch key directly) and even when an input requires grad. Every returned
+// tensor is its own allocation, never a view, so in-place ops on it work as on
+// any fresh tensor.
 //
 // linear_sigmoid(x2d, weight, bias, out2d): out2d <- sigmoid(x2d @ weight^T + bias)
 // for x2d (M, in_features) with any strides, out2d contiguous (M, out_features)
@@ -116,8 +117,8 @@ inline void linear_sigmoid_aten(
   out2d.sigmoid_();
 }
 
-// grad_z = grad_out * y * (1 - y); grad_x = grad_z @ W; grad_W = grad_z^T @ x;
-// grad_b = sum over rows of grad_z. Masked-off outputs are empty tensors.
+// The backward from the saved output y alone (formula: the docstring of
+// customops/ops/fused_linear_sigmoid.py). Masked-off outputs are empty tensors.
 //
 // sigmoid_backward_fn(grad_out2d, y2d, want_bias_grad) -> (grad_z, grad_b): a
 // backend may compute grad_b in the same pass; an undefined grad_b means "sum

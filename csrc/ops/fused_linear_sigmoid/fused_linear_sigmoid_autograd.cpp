@@ -1,11 +1,10 @@
 // fused_linear_sigmoid and its backward, autograd kernels (C++ for the reason given in
 // add/add_autograd.cpp).
 //
-// With z = x @ W.T + b and y = sigmoid(z), the chain rule with sigmoid'(z) = y (1 - y):
-//   grad_z = grad * y (1 - y),  grad_x = grad_z @ W,  grad_W = grad_z.T @ x,  grad_b = sum_rows(grad_z),
-// computed by customops::fused_linear_sigmoid_backward from the saved output y (no
-// pre-activation is kept). That op is differentiable in turn (double backward): with
-// s = y (1 - y) and gg_z the cotangent reaching grad_z,
+// customops::fused_linear_sigmoid_backward computes the gradients from the saved output y
+// (the formula: customops/ops/fused_linear_sigmoid.py's docstring). That op is
+// differentiable in turn (double backward): with s = y (1 - y) and gg_z the cotangent
+// reaching grad_z,
 //   gg_z = gg_x @ W.T + x @ gg_W.T + gg_b,  d_W = grad_z.T @ gg_x,  d_x = grad_z @ gg_W,
 //   d_grad_out = gg_z * s,  d_y = gg_z * grad_out * (1 - 2y).
 #include <ATen/ATen.h>

@@ -205,8 +205,8 @@ at::Tensor fused_linear_sigmoid_cuda(
   return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_cuda);
 }
 
-// grad_z = grad_out * y * (1 - y) over a contiguous (rows, cols) matrix, and the
-// column sums of grad_z in float32: block (bx, by) covers columns
+// grad_z (formula: customops/ops/fused_linear_sigmoid.py) over a contiguous (rows, cols)
+// matrix, and the column sums of grad_z in float32: block (bx, by) covers columns
 // [kColsPerBlock * bx, +kColsPerBlock) and rows by, by + gridDim.y, ... in
 // steps of kRowLanes; partial[by, col] gets its sum (summed over by afterwards,
 // so the result does not depend on timing).
