@@ -33,18 +33,22 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
 quiet_pip() {  # pip -q, without the lines about this machine's unused local package folders
   "${pip[@]}" install -q "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2)
 }
-# What is already installed is not re-resolved: a second run costs seconds, not minutes.
+# What is already installed is not re-resolved: a second run costs seconds, not minutes. The
+# stamp hashes pyproject.toml and this script, so a change to a package list here installs again.
 stamp="$VENV/.customops-setup"
-want="$TORCH_SPEC cuda=$CUSTOMOPS_WITH_CUDA $(sha1sum pyproject.toml | cut -c1-12)"
+want="$TORCH_SPEC cuda=$CUSTOMOPS_WITH_CUDA $(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   quiet_pip --upgrade pip "setuptools>=77" wheel
   quiet_pip "$TORCH_SPEC" ninja numpy
   # CUTLASS headers for the Hopper GEMM kernels: a build dependency only. --no-deps: the
   # package's Python code generator (and its dependencies) is not used, only its C++ headers.
   if [ "$CUSTOMOPS_WITH_CUDA" = 1 ]; then quiet_pip --no-deps "nvidia-cutlass==4.2.0.0"; fi
-  # The extras' dependencies (pyproject.toml); customops itself is installed with --no-deps
-  # below. --no-warn-conflicts: nvidia-cutlass's own requirements are deliberately missing.
-  quiet_pip --no-warn-conflicts pytest hypothesis scikit-learn tqdm onnx onnxscript onnxruntime matplotlib
+  # The extras' dependencies (pyproject.toml), the lint tools of scripts/lint.sh among them (the
+  # formatters pinned: their output changes between versions); customops itself is installed
+  # with --no-deps below. --no-warn-conflicts: nvidia-cutlass's own requirements are
+  # deliberately missing.
+  quiet_pip --no-warn-conflicts pytest hypothesis scikit-learn tqdm onnx onnxscript onnxruntime matplotlib \
+    ruff==0.17.6 clang-format==23.1.5 "pre-commit>=3.2" pre-commit-hooks
 fi
 # The op library must be compiled against the torch it runs with: no build isolation. pip
 # prints the build's output only with -v; of that, show ninja's [n/N] progress with the file
