@@ -6,7 +6,7 @@ and max-autotune-no-cudagraphs), cuBLAS mm alone and the measured roofline, in o
         [--quick] [--no-cpu]
 
 "tf32" is float32 with torch.backends.cuda.matmul.allow_tf32 = True (float32 otherwise runs IEEE).
---variants also times each named CUDA kernel forced through CUSTOMOPS_FLS_CUDA_KERNEL, on the
+--variants also times each named CUDA kernel run by name (customops::_fused_linear_sigmoid_with_kernel), on the
 shapes it can run (how the dispatch in fused_linear_sigmoid_cuda.cu was tuned).
 
 Method (docs/design.md says why): FLOPs (2·M·N·K) and bytes (x, W, b read once, y written
@@ -68,10 +68,10 @@ def bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, variants=(), tf32=
     }
     for v in variants:
         try:
-            forced(v, lambda: customops.fused_linear_sigmoid(x, w, b))()
+            forced(v, x, w, b)()
         except RuntimeError:
             continue  # this kernel cannot run this shape or dtype
-        impls[f"ours[{v}]"] = forced(v, lambda: customops.fused_linear_sigmoid(x, w, b))
+        impls[f"ours[{v}]"] = forced(v, x, w, b)
     for mode in modes:
         if compiled is not None and mode in compiled:
             fn = compiled[mode]

@@ -1,11 +1,6 @@
 """Timing helpers shared by the benchmarks (the method and why: docs/design.md, "Timing
 method")."""
 
-import os
-
-KERNEL_ENV = "CUSTOMOPS_FLS_CUDA_KERNEL"
-
-
 def do_bench(fn, rep=100) -> float:
     """Median time in microseconds, CUDA events, L2 flushed before each call."""
     from triton.testing import do_bench as triton_do_bench
@@ -51,14 +46,6 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def forced(kernel, fn):
-    """fn, run with CUSTOMOPS_FLS_CUDA_KERNEL=kernel (one fused_linear_sigmoid kernel forced)."""
-
-    def call():
-        os.environ[KERNEL_ENV] = kernel
-        try:
-            return fn()
-        finally:
-            del os.environ[KERNEL_ENV]
-
-    return call
+def forced(kernel, x, w, b):
+    """fused_linear_sigmoid(x, w, b) through one named CUDA kernel (an error where it cannot run)."""
+    return lambda: torch.ops.customops._fused_linear_sigmoid_with_kernel(x, w, b, kernel)

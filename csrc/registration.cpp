@@ -96,6 +96,11 @@ void define_schemas(torch::Library& m) {
   m.set_python_module("customops.ops.fused_linear_sigmoid");
   // y = sigmoid(x @ weight.T + bias), torch.nn.functional.linear's conventions.
   m.def("fused_linear_sigmoid(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor");
+  // CUDA only, for tests and benchmarks: the kernel the forward would run on these arguments
+  // (every kernel computes the same output, so results cannot show the dispatch), and the
+  // forward through one named kernel (an error where that kernel cannot run them).
+  m.def("_fused_linear_sigmoid_cuda_kernel(Tensor x, Tensor weight, Tensor? bias=None) -> str");
+  m.def("_fused_linear_sigmoid_with_kernel(Tensor x, Tensor weight, Tensor? bias, str kernel) -> Tensor");
   // Gradients from the saved output y (no pre-activation is kept). An output
   // whose output_mask entry is false is returned as an empty tensor.
   m.def(

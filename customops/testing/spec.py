@@ -122,10 +122,11 @@ class OpSpec:
     def tolerance(self, dtype: torch.dtype) -> Dict[str, float]:
         return self.tol.get(dtype, DEFAULT_TOL[dtype])
 
-    def samples(self, device: str, dtype: torch.dtype, requires_grad: bool = False) -> list:
-        """The sample inputs, drawn from a fixed seed (the caller's random state is left alone)."""
+    def samples(self, device: str, dtype: torch.dtype, requires_grad: bool = False, seed: int = 0) -> list:
+        """The sample inputs, drawn from ``seed`` (the caller's random state is left alone):
+        another seed gives the same calls with new values."""
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
+            torch.manual_seed(seed)
             return list(self.sample_inputs(device, dtype, requires_grad))
 
     def sample(self, name: str, device: str, dtype: torch.dtype = torch.float32) -> SampleInput:

@@ -37,9 +37,14 @@ inline const char* dtype_name(at::ScalarType dt) {
 }
 
 // Messages are built from strings only: numbers go through std::to_string and
-// devices through Device::str(), never through an std::ostream. On the H200
-// machine (torch 2.11, g++ 13) streaming an integer into c10::str's ostringstream
-// from this library crashed the process or printed nothing (2026-11-29).
+// devices through Device::str(), never through an std::ostream. A toolchain that
+// links libstdc++ statically into a shared library (the GPU machine's /opt/gcc g++)
+// gives that library its own copy of ostream's numeric insertion, whose locale
+// facets were never initialised: an integer streamed into c10::str's ostringstream
+// segfaults there (the backtrace ends in basic_ostream::_M_insert<long> inside the
+// library; strings do not touch the facets). Seen 2026-11-29 and again 2026-12-01
+// with a minimal torch.utils.cpp_extension module, whose .so has no libstdc++ in its
+// NEEDED entries.
 inline std::string int_str(int64_t v) {
   return std::to_string(v);
 }

@@ -10,16 +10,14 @@
 // - M >= 512, float32 with TF32 allowed by torch: the CUTLASS Pingpong kernel on TF32;
 // - otherwise (IEEE float32, float64, other GPUs, unaligned rows, mid-size M): eager's
 //   own calls, cuBLAS addmm with the bias in its epilogue, then ATen's sigmoid in place.
-// CUSTOMOPS_FLS_CUDA_KERNEL=<name> forces one kernel (benchmarks and tests; an
-// error if it cannot run the arguments); CUSTOMOPS_FLS_CUDA_VERBOSE=1 prints which one ran.
+// customops::_fused_linear_sigmoid_cuda_kernel names the kernel the dispatch picks and
+// customops::_fused_linear_sigmoid_with_kernel runs a named one (tests and benchmarks).
 //
 // Backward: the two GEMMs go through cuBLAS; sigmoid'(z) and the bias gradient
 // (a column sum) come from one pass over grad_out and y.
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
-#include <cstdio>
-#include <cstdlib>
 
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
@@ -143,20 +141,13 @@ namespace {
 
 using fls_cuda::Kernel;
 
-// The kernel that runs these arguments: the forced one, else by shape and dtype.
+bool can_run(Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return k == Kernel::kGeneric || (k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
+         fls_cuda::sm90_supported(k, x2d, weight, bias);
+}
+
+// The kernel that runs these arguments, by shape and dtype.
 Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (const char* forced = std::getenv("CUSTOMOPS_FLS_CUDA_KERNEL"); forced != nullptr && *forced != '\0') {
-    const auto k = fls_cuda::kernel_from_name(forced);
-    TORCH_CHECK(
-        k.has_value(), "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced,
-        " names no kernel; expected one of ", fls_cuda::kernel_names());
-    const bool ok = *k == Kernel::kGeneric || (*k == Kernel::kSmallM && fls_cuda::small_m_supported(x2d, weight)) ||
-                    fls_cuda::sm90_supported(*k, x2d, weight, bias);
-    TORCH_CHECK(
-        ok, "customops: CUSTOMOPS_FLS_CUDA_KERNEL=", forced, " cannot run x of shape ", shape_str(x2d.sizes()),
-        " and dtype ", dtype_name(x2d.scalar_type()), " on this GPU and build");
-    return *k;
-  }
   // Thresholds measured on an H200 (docs/design.md): the small-M kernel beats cuBLAS + a
   // second pass at M <= 8 rows up to N = 8192; from about 512 rows the CUTLASS epilogue
   // fusion wins. There, Pingpong (whose epilogue overlaps the other warpgroup's MMAs), with
@@ -175,17 +166,8 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   return runs(Kernel::kSm90Pingpong128) ? Kernel::kSm90Pingpong128 : Kernel::kGeneric;
 }
 
-void linear_sigmoid_cuda(
-    const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
-  const Kernel k = choose_kernel(x2d, weight, bias);
-  // Every CUTLASS kernel computes the same output, so results cannot show the dispatch's choice:
-  // CUSTOMOPS_FLS_CUDA_VERBOSE=1 prints it to stderr per call (tests pin the thresholds so). Not
-  // TORCH_WARN: ops called through torch.ops do not turn it into a Python warning.
-  if (const char* verbose = std::getenv("CUSTOMOPS_FLS_CUDA_VERBOSE");
-      verbose != nullptr && *verbose != '\0' && std::string(verbose) != "0") {
-    std::fprintf(stderr, "customops: fused_linear_sigmoid ran the %s kernel for x of shape %s and dtype %s\n",
-                 fls_cuda::kernel_name(k), shape_str(x2d.sizes()).c_str(), dtype_name(x2d.scalar_type()));
-  }
+void run_kernel(
+    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
   switch (k) {
     case Kernel::kSmallM:
       fls_cuda::small_m_forward(x2d, weight, bias, out2d);
@@ -198,11 +180,47 @@ void linear_sigmoid_cuda(
   }
 }
 
+void linear_sigmoid_cuda(
+    const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
+  run_kernel(choose_kernel(x2d, weight, bias), x2d, weight, bias, out2d);
+}
+
 at::Tensor fused_linear_sigmoid_cuda(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_fused_linear_sigmoid_args(x, weight, bias);
   const c10::cuda::CUDAGuard device_guard(x.device());
   return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_cuda);
+}
+
+// The dispatch sees the 2-D view of x that the forward passes its kernels.
+at::Tensor as_rows(const at::Tensor& x, const at::Tensor& weight) {
+  return x.reshape({leading_rows(x), weight.size(1)});
+}
+
+std::string fused_linear_sigmoid_cuda_kernel(
+    const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  check_fused_linear_sigmoid_args(x, weight, bias);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const std::optional<at::Tensor> b = bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
+  return fls_cuda::kernel_name(choose_kernel(as_rows(x, weight), weight, b));
+}
+
+at::Tensor fused_linear_sigmoid_with_kernel_cuda(
+    const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, c10::string_view kernel) {
+  check_fused_linear_sigmoid_args(x, weight, bias);
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const std::string name(kernel.data(), kernel.size());
+  const auto k = fls_cuda::kernel_from_name(name);
+  TORCH_CHECK(k.has_value(), "customops: expected kernel to be one of ", fls_cuda::kernel_names(), ", but got '",
+              name, "'");
+  const std::optional<at::Tensor> b = bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
+  TORCH_CHECK(can_run(*k, as_rows(x, weight), weight, b), "customops: kernel ", name, " cannot run x of shape ",
+              shape_str(x.sizes()), " and dtype ", dtype_name(x.scalar_type()), " on this GPU and build");
+  return fused_linear_sigmoid_forward_impl(
+      x, weight, bias,
+      [k](const at::Tensor& x2d, const at::Tensor& w, const std::optional<at::Tensor>& bc, at::Tensor& out2d) {
+        run_kernel(*k, x2d, w, bc, out2d);
+      });
 }
 
 // grad_z (formula: customops/ops/fused_linear_sigmoid.py) over a contiguous (rows, cols)
@@ -315,6 +333,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cud
 CUSTOMOPS_LIBRARY_IMPL(CUDA, m) {
   m.impl("fused_linear_sigmoid", &fused_linear_sigmoid_cuda);
   m.impl("fused_linear_sigmoid_backward", &fused_linear_sigmoid_backward_cuda);
+  m.impl("_fused_linear_sigmoid_cuda_kernel", &fused_linear_sigmoid_cuda_kernel);
+  m.impl("_fused_linear_sigmoid_with_kernel", &fused_linear_sigmoid_with_kernel_cuda);
 }
 
 }  // namespace customops

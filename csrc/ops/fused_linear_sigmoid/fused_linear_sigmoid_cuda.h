@@ -15,7 +15,7 @@ namespace fls_cuda {
 // place) runs everywhere; the others are faster where they apply.
 enum class Kernel {
   kGeneric,
-  kSmallM,             // M <= 64: weight-streaming tensor-core kernel, bias + sigmoid fused
+  kSmallM,             // M <= 8: weight-streaming tensor-core kernel, bias + sigmoid fused
   kSm90Pingpong128,    // CUTLASS sm90a, Pingpong 128x128x64 (TF32: x32), bias + sigmoid in the epilogue
   kSm90Pingpong128Epi64,  // the same with a 64x64 epilogue tile (16-bit only), for K <= 512
   kSm90Coop128x256,    // CUTLASS sm90a, Cooperative 128x256x64

@@ -1,4 +1,4 @@
-// fused_linear_sigmoid for small batches (M <= 64 rows of x), bf16/fp16, sm_90.
+// fused_linear_sigmoid for small batches (M <= 8 rows of x), bf16/fp16, sm_90.
 //
 // With few rows the weight (N x K) is almost all of the bytes, so the kernel is
 // a stream over the weight at memory bandwidth. GEMM tilings pad M to their tile
@@ -79,10 +79,11 @@ __device__ __forceinline__ void mma_16816(
 template <int MT>
 constexpr int kChunks = 4 * kU + 2 * kU * MT;
 
-// Deep enough for ~11 stages of weight in flight per warp at M <= 8, while the ring
-// (72-80 KiB) still lets two or three blocks share an SM.
+// Deep enough for ~11 stages of weight in flight per warp, while the ring (72 KiB) still lets
+// two or three blocks share an SM. MT (n-tiles of 8 rows of x) is 1: at M > 8 cuBLAS and
+// the second pass are faster (docs/design.md), so no other tile count is built.
 template <int MT>
-constexpr int kStages = MT == 1 ? 12 : MT == 2 ? 10 : MT == 4 ? 6 : 4;
+constexpr int kStages = 12;
 
 template <typename scalar_t, int MT>
 __global__ void __launch_bounds__(32) small_m_kernel(const Args p) {
@@ -224,28 +225,19 @@ bool small_m_supported(const at::Tensor& x2d, const at::Tensor& weight) {
   const auto dtype = x2d.scalar_type();
   if (dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   const int64_t M = x2d.size(0), K = weight.size(1), N = weight.size(0);
-  if (M < 1 || M > 64 || K < 8 || K % 8 != 0 || N < 1) return false;
+  if (M < 1 || M > 8 || K < 8 || K % 8 != 0 || N < 1) return false;
   // int32 sizes inside the kernel; the output index is 64-bit.
   if (K > (int64_t{1} << 30) || N > (int64_t{1} << 30)) return false;
   if (at::cuda::getDeviceProperties(x2d.get_device())->major != 9) return false;
-  // x is at most 64 rows and may be copied; the weight is streamed in place.
+  // x is at most 8 rows and may be copied; the weight is streamed in place.
   return aligned_rows(weight);
 }
 
 void small_m_forward(
     const at::Tensor& x2d_in, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
   const at::Tensor x2d = aligned_rows(x2d_in) ? x2d_in : x2d_in.contiguous();
-  const int64_t M = x2d.size(0);
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x2d.scalar_type(), "customops::fused_linear_sigmoid small_m", [&] {
-    if (M <= 8) {
-      launch<scalar_t, 1>(x2d, weight, bias, out2d);
-    } else if (M <= 16) {
-      launch<scalar_t, 2>(x2d, weight, bias, out2d);
-    } else if (M <= 32) {
-      launch<scalar_t, 4>(x2d, weight, bias, out2d);
-    } else {
-      launch<scalar_t, 8>(x2d, weight, bias, out2d);
-    }
+    launch<scalar_t, 1>(x2d, weight, bias, out2d);
   });
 }
 

@@ -78,21 +78,20 @@ struct DefaultBiasSigmoid {
 
 // D = Fn(acc, bias[n]) in float, stored as Element; no C operand, no alpha or beta. Arguments:
 // {acc: {}, bias: {pointer, value when null, stride}, Fn: {}}.
-template <typename Element, typename TileShape, template <typename> class Fn = DefaultBiasSigmoid<Element>::template type>
+template <typename Element, typename TileShape>
 using BiasSigmoidEVT = cutlass::epilogue::fusion::Sm90EVT<
-    cutlass::epilogue::fusion::Sm90Compute<Fn, Element, float, cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90Compute<DefaultBiasSigmoid<Element>::template type, Element, float,
+                                           cutlass::FloatRoundStyle::round_to_nearest>,
     cutlass::epilogue::fusion::Sm90AccFetch,
     cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>,
                                                 16 / sizeof(Element)>>;
 
 // Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
 // EpilogueTile: CUTLASS's automatic choice unless a kernel names one (pingpong_128x128_epi64_*.cu).
-// Fusion is left at its default by the library's kernels; scripts/diag/sm90_variants.cu varies it
-// (other EVTs, or CUTLASS's fusion operations such as LinCombPerColBiasEltAct).
 template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
-          typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto,
-          typename Fusion = BiasSigmoidEVT<Element, TileShape>>
+          typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Gemm {
+  using Fusion = BiasSigmoidEVT<Element, TileShape>;
   static constexpr int kAlign = 16 / sizeof(Element);  // TMA: 16-byte rows
   using LayoutA = cutlass::layout::RowMajor;     // x: (M, K), K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // weight (N, K) read as B = weight^T: (K, N)
@@ -114,58 +113,36 @@ struct Gemm {
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
-// Whether an epilogue's arguments are a CUTLASS fusion operation's (alpha, beta, bias_ptr)
-// rather than BiasSigmoidEVT's tree.
-template <typename ThreadArgs, typename = void>
-struct IsFusionOperation : std::false_type {};
-template <typename ThreadArgs>
-struct IsFusionOperation<ThreadArgs, std::void_t<decltype(std::declval<ThreadArgs&>().alpha)>> : std::true_type {};
-
-// The kernel's arguments from raw pointers and row strides (in elements); bias may be null.
-// Shared by run() below and the variant timings in scripts/diag.
-template <typename G, typename Element>
-typename G::Adapter::Arguments make_arguments(const Element* x, int64_t ldx, const Element* w, int64_t ldw,
-                                              const Element* bias, Element* out, int64_t ldo, int M, int N, int K,
-                                              int device_id, int sm_count) {
-  using Kernel = typename G::Adapter::GemmKernel;
-  typename Kernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(M, K, 1));
-  cute::get<0>(stride_a) = ldx;
-  typename Kernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(N, K, 1));
-  cute::get<0>(stride_b) = ldw;
-  const typename Kernel::StrideC stride_c =
-      cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, cute::make_shape(M, N, 1));
-  typename Kernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, cute::make_shape(M, N, 1));
-  cute::get<0>(stride_d) = ldo;
-
-  cutlass::KernelHardwareInfo hw_info;
-  hw_info.device_id = device_id;
-  hw_info.sm_count = sm_count;
-  typename G::Adapter::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm, {M, N, K, 1}, {x, stride_a, w, stride_b},
-      {{}, nullptr, stride_c, out, stride_d}, hw_info};
-  // Without a bias the broadcast reads its null value (0) instead of memory.
-  if constexpr (IsFusionOperation<decltype(args.epilogue.thread)>::value) {
-    args.epilogue.thread.alpha = 1.f;
-    args.epilogue.thread.beta = 0.f;
-    args.epilogue.thread.bias_ptr = bias;
-  } else {
-    args.epilogue.thread = {{}, {bias, Element(0), {}}, {}};
-  }
-  return args;
-}
-
 // Runs one configuration on the current stream. Arguments passed sm90_supported().
 template <typename G, typename Element>
 void run(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d,
          const char* name) {
   using Adapter = typename G::Adapter;
-  const auto args = make_arguments<G, Element>(
-      static_cast<const Element*>(x2d.const_data_ptr()), x2d.stride(0),
-      static_cast<const Element*>(weight.const_data_ptr()), weight.stride(0),
-      bias.has_value() ? static_cast<const Element*>(bias->const_data_ptr()) : nullptr,
-      static_cast<Element*>(out2d.data_ptr()), out2d.stride(0), static_cast<int>(x2d.size(0)),
-      static_cast<int>(weight.size(0)), static_cast<int>(x2d.size(1)), x2d.get_device(),
-      at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  using Kernel = typename Adapter::GemmKernel;
+  const int M = static_cast<int>(x2d.size(0)), N = static_cast<int>(weight.size(0)), K = static_cast<int>(x2d.size(1));
+  // Packed strides, then the row strides (in elements) of the actual tensors.
+  typename Kernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(M, K, 1));
+  cute::get<0>(stride_a) = x2d.stride(0);
+  typename Kernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(N, K, 1));
+  cute::get<0>(stride_b) = weight.stride(0);
+  const typename Kernel::StrideC stride_c =
+      cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, cute::make_shape(M, N, 1));
+  typename Kernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, cute::make_shape(M, N, 1));
+  cute::get<0>(stride_d) = out2d.stride(0);
+
+  cutlass::KernelHardwareInfo hw_info;
+  hw_info.device_id = x2d.get_device();
+  hw_info.sm_count = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto* bias_ptr = bias.has_value() ? static_cast<const Element*>(bias->const_data_ptr()) : nullptr;
+  // The EVT's arguments {acc, bias broadcast {pointer, value when null, stride}, compute}: without
+  // a bias the broadcast reads its null value (0) instead of memory.
+  const typename Adapter::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGemm,
+      {M, N, K, 1},
+      {static_cast<const Element*>(x2d.const_data_ptr()), stride_a, static_cast<const Element*>(weight.const_data_ptr()),
+       stride_b},
+      {{{}, {bias_ptr, Element(0), {}}, {}}, nullptr, stride_c, static_cast<Element*>(out2d.data_ptr()), stride_d},
+      hw_info};
 
   Adapter gemm;
   TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "customops: CUTLASS kernel ", name,
