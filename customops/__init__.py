@@ -23,19 +23,10 @@ logging.getLogger("torch.utils.cpp_extension").addFilter(_NoCudaRuntimeNotice())
 from . import nn  # noqa: E402
 from ._library import build_info, cmake_prefix_path, compiled_backends, library_path, load_library, server_path  # noqa: E402
 from ._version import __version__  # noqa: E402
-from .ops import add, fused_linear_sigmoid, sigmoid, sigmoid_backward, sigmoid_focal_loss  # noqa: E402
+from .ops import *  # noqa: E402,F401,F403  (every op's public wrapper: customops/ops/<op>.py's __all__)
+from .ops import __all__ as _op_names  # noqa: E402
 
-__all__ = [
-    "add",
-    "build_info",
-    "cmake_prefix_path",
-    "compiled_backends",
-    "fused_linear_sigmoid",
-    "library_path",
-    "load_library",
-    "nn",
-    "server_path",
-    "sigmoid",
-    "sigmoid_backward",
-    "sigmoid_focal_loss",
-]
+__all__ = sorted(
+    ["build_info", "cmake_prefix_path", "compiled_backends", "library_path", "load_library", "nn", "server_path"]
+    + _op_names
+)

@@ -60,7 +60,7 @@ fi
 echo "build: $((SECONDS - t0)) s; kernels: $(python3 -c 'import customops; print(customops.compiled_backends())')" | tee -a "$OUT/run.log"
 
 if [ "$run_main_job" = 1 ]; then
-  python3 -m customops.train_digits --device cuda --no-progress 2>&1 | tee -a "$OUT/run.log"
+  python3 examples/train_digits.py --device cuda --no-progress 2>&1 | tee -a "$OUT/run.log"
 fi
 
 t0=$SECONDS

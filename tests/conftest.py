@@ -32,16 +32,16 @@ def serve():
 
 
 @pytest.fixture(scope="session")
-def uses_all_ops_pt2(tmp_path_factory):
-    """(model, path): tests/test_export.py's UsesAllOps as an AOTInductor package with a
+def three_op_model_pt2(tmp_path_factory):
+    """(model, path): tests/test_export.py's ThreeOpModel as an AOTInductor package with a
     dynamic batch. Compiling one takes about a minute on a small CPU: test_export and
     test_cpp_serving share it."""
     from customops.export import export_aoti
-    from test_export import UsesAllOps
+    from test_export import ThreeOpModel
 
     torch.manual_seed(0)
-    model = UsesAllOps().eval()
-    return model, export_aoti(model, torch.randn(8, 12), str(tmp_path_factory.mktemp("aoti") / "uses_all_ops.pt2"))
+    model = ThreeOpModel().eval()
+    return model, export_aoti(model, torch.randn(8, 12), str(tmp_path_factory.mktemp("aoti") / "three_op_model.pt2"))
 
 
 @pytest.fixture(autouse=True)

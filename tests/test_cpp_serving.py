@@ -36,8 +36,8 @@ def cpp_programs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def exported(uses_all_ops_pt2, tmp_path_factory):
-    model, pt2 = uses_all_ops_pt2
+def exported(three_op_model_pt2, tmp_path_factory):
+    model, pt2 = three_op_model_pt2
     return model, {"pt": export_torchscript(model, None, str(tmp_path_factory.mktemp("cpp") / "m.pt")), "pt2": pt2}
 
 

@@ -27,6 +27,9 @@ from customops.export import (
 )
 from customops.nn import FusedLinearSigmoid
 
+# The main job's model factory, named by file as a user's would be.
+DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_digits.py") + ":make_model"
+
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -41,7 +44,10 @@ needs_aoti_python_loading = pytest.mark.skipif(
 )
 
 
-class UsesAllOps(nn.Module):
+class ThreeOpModel(nn.Module):
+    """A small model of three ops as a user would ship it: the export API's subject here (each
+    op on every export path: the specs' paths in test_conformance)."""
+
     def __init__(self):
         super().__init__()
         self.hidden = FusedLinearSigmoid(12, 16)
@@ -57,7 +63,7 @@ class UsesAllOps(nn.Module):
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    return UsesAllOps().eval()
+    return ThreeOpModel().eval()
 
 
 BATCHES = (1, 37)
@@ -72,8 +78,8 @@ def test_torchscript_roundtrip(model, tmp_path):
 
 
 @needs_aoti_python_loading
-def test_aoti_package_dynamic_batch(uses_all_ops_pt2, monkeypatch):
-    model, path = uses_all_ops_pt2
+def test_aoti_package_dynamic_batch(three_op_model_pt2, monkeypatch):
+    model, path = three_op_model_pt2
     monkeypatch.delenv("AOTI_RUNTIME_CHECK_INPUTS", raising=False)
     runner = load_aoti(path)
     # The loader checks inputs itself, not through AOTInductor's process-wide switch.
@@ -330,7 +336,7 @@ def test_aoti_export_of_an_input_without_batch_dimension_says_so(model, tmp_path
 
 
 def test_command_line_input_shape_without_batch_dimension(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "customops.export", "customops.train_digits:make_model", "--input-shape",
+    out = subprocess.run([sys.executable, "-m", "customops.export", DIGITS, "--input-shape",
                           "64", "--formats", "pt2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 1 and "a 1-D input has no batch dimension" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -354,12 +360,12 @@ def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["customops.train_digits:make_model", "--input-shape", "8x64"], "comma-separated integers"),
-        (["customops.train_digits:nope", "--input-shape", "8,64"], "cannot find"),
+        ([DIGITS, "--input-shape", "8x64"], "comma-separated integers"),
+        ([DIGITS.replace("make_model", "nope"), "--input-shape", "8,64"], "cannot find"),
         (["no_colon", "--input-shape", "8,64"], "package.module:callable"),
-        (["customops.train_digits:make_model", "--input-shape", "8,64", "--dynamic", "0,x"], "dimension indices"),
-        (["customops.train_digits:make_model", "--input-shape", "8,64", "--dynamic", "0,2"], "dimensions 0..1"),
-        (["customops.train_digits:make_model", "--input-shape", "8,64", "--state-dict", "/nonexistent/w.pt"],
+        ([DIGITS, "--input-shape", "8,64", "--dynamic", "0,x"], "dimension indices"),
+        ([DIGITS, "--input-shape", "8,64", "--dynamic", "0,2"], "dimensions 0..1"),
+        ([DIGITS, "--input-shape", "8,64", "--state-dict", "/nonexistent/w.pt"],
          "cannot load it with torch.load"),
     ],
 )
@@ -371,14 +377,14 @@ def test_command_line_errors_are_messages_not_tracebacks(args, message):
 def test_command_line_refuses_a_state_dict_that_does_not_fit(tmp_path):
     path = str(tmp_path / "w.pt")
     torch.save({"not_a_parameter": torch.zeros(1)}, path)
-    out = subprocess.run([sys.executable, "-m", "customops.export", "customops.train_digits:make_model", "--input-shape",
+    out = subprocess.run([sys.executable, "-m", "customops.export", DIGITS, "--input-shape",
                           "8,64", "--state-dict", path], capture_output=True, text=True)
     assert out.returncode == 2 and "does not fit the model" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_command_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "customops.export", "customops.train_digits:make_model", "--input-shape", "4,64",
+        [sys.executable, "-m", "customops.export", DIGITS, "--input-shape", "4,64",
          "--formats", "pt", "onnx", "--out", str(tmp_path), "--name", "digits"],
         capture_output=True, text=True, timeout=600,
     )
@@ -408,7 +414,7 @@ def test_cli_without_onnx_packages_says_what_to_install(tmp_path, monkeypatch, c
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
     with pytest.raises(SystemExit) as exit_info:
-        main(["customops.train_digits:make_model", "--input-shape", "4,64", "--out", str(tmp_path / "out")])
+        main([DIGITS, "--input-shape", "4,64", "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "needs onnxscript" in err and "customops[export]" in err and "--formats pt pt2" in err

@@ -2,12 +2,14 @@ import os
 import subprocess
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_main_job_trains_and_all_forms_agree(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = subprocess.run(
-        [sys.executable, "-m", "customops.train_digits", "--epochs", "8", "--device", "cpu", "--no-progress"],
+        [sys.executable, os.path.join(ROOT, "examples", "train_digits.py"), "--epochs", "8", "--device", "cpu", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -11,7 +11,7 @@ import customops
 from customops.nn import FusedLinearSigmoid
 
 
-class UsesAllOps(nn.Module):
+class ThreeOpModel(nn.Module):
     def __init__(self):
         super().__init__()
         self.hidden = FusedLinearSigmoid(12, 16)
@@ -25,7 +25,7 @@ class UsesAllOps(nn.Module):
 
 def test_script_save_load_in_fresh_process(tmp_path, device):
     torch.manual_seed(0)
-    model = UsesAllOps().to(device).eval()
+    model = ThreeOpModel().to(device).eval()
     scripted = torch.jit.script(model)
     x = torch.randn(37, 12, device=device)
     torch.testing.assert_close(scripted(x), model(x))
@@ -50,7 +50,7 @@ def test_loading_without_the_library_names_the_op(tmp_path):
     # Python cannot run our code inside a bare torch.jit.load, so torch's own message is what
     # the user sees: it names the op. customops.export.load_torchscript loads the library first.
     path = tmp_path / "model.pt"
-    torch.jit.script(UsesAllOps().eval()).save(str(path))
+    torch.jit.script(ThreeOpModel().eval()).save(str(path))
     bare = subprocess.run(
         [sys.executable, "-c", f"import torch; torch.jit.load({str(path)!r})"], capture_output=True, text=True
     )

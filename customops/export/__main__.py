@@ -1,16 +1,18 @@
 """Export a model that uses customops' ops to TorchScript, AOTInductor and ONNX.
 
-    python -m customops.export customops.train_digits:make_model --input-shape 8,64 \\
+    python -m customops.export examples/train_digits.py:make_model --input-shape 8,64 \\
         [--dynamic 0,1] [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model]
 
-MODEL is ``package.module:callable``; the callable returns the nn.Module (its weights then come
-from --state-dict, a torch.save'd state_dict). --input-shape gives one example input; --dynamic
+MODEL is ``package.module:callable`` or ``path/to/file.py:callable``; the callable returns the
+nn.Module (its weights then come from --state-dict, a torch.save'd state_dict). --input-shape gives one example input; --dynamic
 lists its dimensions exported as dynamic: by default 0, the batch (1..65536); any other
 dimension listed gets 1..65536.
 """
 
 import argparse
 import importlib
+import importlib.util
+import os
 import sys
 
 import torch
@@ -19,11 +21,19 @@ from . import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, FORMATS, export_model
 
 
 def _load_model(parser, spec: str):
-    module_name, _, attr = spec.partition(":")
+    module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
-        parser.error(f"MODEL must look like package.module:callable, got {spec!r}")
+        parser.error(f"MODEL must look like package.module:callable or file.py:callable, got {spec!r}")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise ImportError(f"no file {module_name!r}")
+            loader = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+        factory = getattr(module, attr)
     except (ImportError, AttributeError) as e:
         parser.error(f"cannot find {spec!r}: {e}")
     return factory()
@@ -31,7 +41,7 @@ def _load_model(parser, spec: str):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m customops.export", description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="package.module:callable returning the nn.Module")
+    parser.add_argument("model", help="package.module:callable or file.py:callable returning the nn.Module")
     parser.add_argument("--input-shape", required=True, help="example input shape, e.g. 8,64")
     parser.add_argument(
         "--dynamic", default="0",

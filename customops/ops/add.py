@@ -12,6 +12,9 @@ from torch import Tensor
 from ._fake import check_same_shape
 
 
+__all__ = ["add"]
+
+
 def add(a: Tensor, b: Tensor) -> Tensor:
     """Elementwise sum ``a + b``.
 

@@ -11,6 +11,9 @@ from torch import Tensor
 from ._fake import check_same_shape
 
 
+__all__ = ["fused_linear_sigmoid"]
+
+
 def fused_linear_sigmoid(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
     """``sigmoid(x @ weight.T + bias)`` in one op: a linear layer followed by the logistic function.
 

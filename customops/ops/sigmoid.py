@@ -9,6 +9,9 @@ from torch import Tensor
 from ._fake import check_same_shape
 
 
+__all__ = ["sigmoid", "sigmoid_backward"]
+
+
 def sigmoid(x: Tensor) -> Tensor:
     """The logistic function ``1 / (1 + exp(-x))``, elementwise.
 

@@ -12,6 +12,9 @@ from ._fake import check_same_shape
 REDUCTIONS = ("none", "mean", "sum")
 
 
+__all__ = ["sigmoid_focal_loss"]
+
+
 def sigmoid_focal_loss(
     inputs: Tensor, targets: Tensor, alpha: float = 0.25, gamma: float = 2.0, reduction: str = "none"
 ) -> Tensor:

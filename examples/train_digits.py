@@ -4,7 +4,7 @@ TorchScript, an AOTInductor package and ONNX, and check that every form (eager, 
 the loaded exports, the C++ server customops_serve, ONNX Runtime) gives the same
 predictions on the held-out set.
 
-    python -m customops.train_digits [--epochs 30] [--device cpu|cuda] [--export-dir DIR]
+    python examples/train_digits.py [--epochs 30] [--device cpu|cuda] [--export-dir DIR]
 """
 
 import argparse
