@@ -154,7 +154,9 @@ def _up_to_date(output: str, stamp: str, key: str) -> bool:
 
 def _extension():
     cpu_sources = ["csrc/registration.cpp", "csrc/api.cpp"] + sorted(
-        glob.glob("csrc/ops/*/*_cpu.cpp") + glob.glob("csrc/ops/*/*_autograd.cpp") + glob.glob("csrc/ops/*/*_autocast.cpp")
+        glob.glob("csrc/ops/*/*_cpu.cpp")
+        + glob.glob("csrc/ops/*/*_autograd.cpp")
+        + glob.glob("csrc/ops/*/*_autocast.cpp")
     )
     cuda_sources = sorted(glob.glob("csrc/ops/*/*_cuda.cu"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
@@ -167,11 +169,14 @@ def _extension():
         "cutlass_sm90_kernels": False,
     }
     # py_limited_api keeps torch_python (and so libpython) off the link line.
-    kwargs = dict(name="customops.lib.libcustomops", py_limited_api=True, extra_link_args=["-Wl,-soname,libcustomops.so"])
+    kwargs = dict(
+        name="customops.lib.libcustomops", py_limited_api=True, extra_link_args=["-Wl,-soname,libcustomops.so"]
+    )
     if not WITH_CUDA:
         info["summary"] = "customops: building the CPU kernels only"
-        ext = cpp_extension.CppExtension(sources=cpu_sources, include_dirs=include_dirs,
-                                         extra_compile_args={"cxx": cxx_flags}, **kwargs)
+        ext = cpp_extension.CppExtension(
+            sources=cpu_sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx_flags}, **kwargs
+        )
     else:
         archs = _cuda_arch_list()
         os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(archs)
@@ -185,8 +190,14 @@ def _extension():
             nvcc_flags += ["-DCUSTOMOPS_WITH_CUTLASS", "--expt-extended-lambda", "-DNDEBUG"]
         info["summary"] = (
             f"customops: building CPU and CUDA kernels for TORCH_CUDA_ARCH_LIST={os.environ['TORCH_CUDA_ARCH_LIST']}; "
-            + ("CUTLASS sm90a GEMM kernels included" if with_sm90 else
-               "no CUTLASS sm90a kernels (" + ("pip install nvidia-cutlass" if not cutlass else "no 9.0 in the arch list") + ")"))
+            + (
+                "CUTLASS sm90a GEMM kernels included"
+                if with_sm90
+                else "no CUTLASS sm90a kernels ("
+                + ("pip install nvidia-cutlass" if not cutlass else "no 9.0 in the arch list")
+                + ")"
+            )
+        )
         info.update(cuda_archs=archs, cutlass_sm90_kernels=with_sm90)
         ext = cpp_extension.CUDAExtension(
             sources=cpu_sources + cuda_sources,
@@ -199,8 +210,8 @@ def _extension():
     summary = info.pop("summary")
     _write_if_changed(
         os.path.join(BUILD_DIR, "generated", "customops_build_info.h"),
-        "#pragma once\n#define CUSTOMOPS_BUILD_INFO_JSON R\"json(" + json.dumps(info, sort_keys=True) + ")json\"\n"
-        "#define CUSTOMOPS_CUDA_ARCH_LIST \"" + " ".join(info["cuda_archs"]) + "\"\n",
+        '#pragma once\n#define CUSTOMOPS_BUILD_INFO_JSON R"json(' + json.dumps(info, sort_keys=True) + ')json"\n'
+        '#define CUSTOMOPS_CUDA_ARCH_LIST "' + " ".join(info["cuda_archs"]) + '"\n',
     )
     return ext, info, summary
 
@@ -220,8 +231,10 @@ class BuildExt(cpp_extension.BuildExtension):
     def build_extensions(self):
         print(SUMMARY, file=sys.stderr, flush=True)
         if not self.use_ninja:
-            print("customops: ninja not found, compiling one file at a time (about twice as slow): "
-                  "pip install ninja", file=sys.stderr)
+            print(
+                "customops: ninja not found, compiling one file at a time (about twice as slow): pip install ninja",
+                file=sys.stderr,
+            )
         site = os.path.dirname(os.path.dirname(torch.__file__))
         libs = ["torch/lib"] + _nvidia_lib_dirs()  # relative to site-packages
         rpath = [f"$ORIGIN/../../{d}" for d in libs]
@@ -254,7 +267,10 @@ class BuildExt(cpp_extension.BuildExtension):
 
         def link_cached(objects, output, *args, **kwargs):
             key = repr((sorted(objects), [os.path.getmtime(o) for o in sorted(objects)], args, sorted(kwargs.items())))
-            cached, stamp = os.path.join(BUILD_DIR, f"link-{self.mode}.so"), os.path.join(BUILD_DIR, f"link-{self.mode}.key")
+            cached, stamp = (
+                os.path.join(BUILD_DIR, f"link-{self.mode}.so"),
+                os.path.join(BUILD_DIR, f"link-{self.mode}.key"),
+            )
             if _up_to_date(cached, stamp, key):
                 os.makedirs(os.path.dirname(output), exist_ok=True)
                 shutil.copy2(cached, output)
@@ -283,24 +299,39 @@ class BuildExt(cpp_extension.BuildExtension):
         lib_dir = os.path.dirname(library)
         info = dict(BUILD_INFO)
         if self.in_source:  # where the CMake package finds torch, which is not beside a checkout
-            info["torch_cmake_dir"] = os.path.normpath(os.path.join(cpp_extension.TORCH_LIB_PATH, "..", "share", "cmake", "Torch"))
+            info["torch_cmake_dir"] = os.path.normpath(
+                os.path.join(cpp_extension.TORCH_LIB_PATH, "..", "share", "cmake", "Torch")
+            )
         _write_if_changed(os.path.join(lib_dir, "build_info.json"), json.dumps(info, indent=1) + "\n")
         self._build_server(library, os.path.join(os.path.dirname(lib_dir), "bin", "customops_serve"))
 
     def _build_server(self, library: str, binary: str) -> None:
         cuda = BUILD_INFO["cuda_kernels"]
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-        rpath = ["$ORIGIN/../lib", "$ORIGIN/../../torch/lib"] + (
-            [torch_lib] if self.in_source else [])
+        rpath = ["$ORIGIN/../lib", "$ORIGIN/../../torch/lib"] + ([torch_lib] if self.in_source else [])
         source = os.path.join(ROOT, "cpp", "customops_serve.cpp")
-        cmd = [os.environ.get("CXX", "c++"), "-O2", "-std=c++20",
-               f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", source, "-o", binary,
-               "-I" + os.path.join(ROOT, "customops", "include")]
+        cmd = [
+            os.environ.get("CXX", "c++"),
+            "-O2",
+            "-std=c++20",
+            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            source,
+            "-o",
+            binary,
+            "-I" + os.path.join(ROOT, "customops", "include"),
+        ]
         cmd += ["-I" + d for d in cpp_extension.include_paths()]
         # --no-as-needed: the server calls few of the library's symbols directly, and its op
         # registrations must load with it.
-        cmd += ["-L" + os.path.dirname(library), "-L" + torch_lib, "-Wl,--no-as-needed", "-lcustomops",
-                "-ltorch", "-ltorch_cpu", "-lc10"] + (["-ltorch_cuda", "-lc10_cuda"] if cuda else [])
+        cmd += [
+            "-L" + os.path.dirname(library),
+            "-L" + torch_lib,
+            "-Wl,--no-as-needed",
+            "-lcustomops",
+            "-ltorch",
+            "-ltorch_cpu",
+            "-lc10",
+        ] + (["-ltorch_cuda", "-lc10_cuda"] if cuda else [])
         cmd += ["-Wl,--as-needed", "-Wl,-rpath," + ":".join(rpath)]
         # Recompiled only when its source or the command changes.
         stamp = os.path.join(BUILD_DIR, f"customops_serve-{self.mode}.key")
@@ -317,7 +348,8 @@ setup(
     version=VERSION,
     # The header and CMake folders are data packages (no Python in them), listed so that
     # setuptools ships them without warning.
-    packages=find_packages(include=["customops", "customops.*"]) + ["customops.include.customops", "customops.share.cmake.customops"],
+    packages=find_packages(include=["customops", "customops.*"])
+    + ["customops.include.customops", "customops.share.cmake.customops"],
     # lib/ and bin/ are written by BuildExt (into build/ for a wheel, in place when editable).
     package_data={"customops.include.customops": ["*.h"], "customops.share.cmake.customops": ["*.cmake"]},
     ext_modules=[EXTENSION],

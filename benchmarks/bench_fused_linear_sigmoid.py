@@ -31,7 +31,14 @@ import torch.nn.functional as F
 import customops
 from common import bench_round_robin, do_bench, forced, graphed, rel_err
 
-TABLE_SHAPES = [(16384, 4096, 4096), (8192, 1024, 4096), (32768, 512, 2048), (4096, 4096, 4096), (32, 4096, 4096), (1, 4096, 4096)]
+TABLE_SHAPES = [
+    (16384, 4096, 4096),
+    (8192, 1024, 4096),
+    (32768, 512, 2048),
+    (4096, 4096, 4096),
+    (32, 4096, 4096),
+    (1, 4096, 4096),
+]
 SWEEP_M = [2**i for i in range(15)]  # 1 .. 16384 at K = N = 4096
 
 
@@ -44,8 +51,7 @@ def measure_ceilings():
     src = torch.randn(2**29, device="cuda", dtype=torch.float32)  # 2 GiB
     dst = torch.empty_like(src)
     tbs = 2 * src.numel() * 4 / (do_bench(lambda: dst.copy_(src)) * 1e-6) / 1e12
-    del a, b, src, dst
-    return tflops, tbs
+    return tflops, tbs  # the 2.5 GiB of buffers are freed on return
 
 
 def eager_fn(x, w, b):
@@ -115,8 +121,9 @@ def bench_backward(m, k, n, dtype):
     # graphed(): the step captured once and replayed, the GPU's work alone, without the host's
     # autograd overhead, which here can exceed the GPU time and moved plain timings by up to 40%.
     ours, theirs = step(customops.fused_linear_sigmoid), step(eager_fn)
-    times = bench_round_robin({"customops": ours, "eager": theirs, "customops_graph": graphed(ours),
-                               "eager_graph": graphed(theirs)})
+    times = bench_round_robin(
+        {"customops": ours, "eager": theirs, "customops_graph": graphed(ours), "eager_graph": graphed(theirs)}
+    )
     return dict(M=m, K=k, N=n, dtype=str(dtype).replace("torch.", ""), **times)
 
 
@@ -130,8 +137,17 @@ def bench_elementwise(numel=2**28, dtype=torch.bfloat16):
     ]:
         t = bench_round_robin({"ours": ours, "torch": theirs})
         t_ours, t_torch = t["ours"], t["torch"]
-        rows.append(dict(op=name, numel=numel, dtype=str(dtype).replace("torch.", ""), customops=t_ours, torch=t_torch,
-                         tbs_customops=nbytes / t_ours / 1e6, tbs_torch=nbytes / t_torch / 1e6))
+        rows.append(
+            dict(
+                op=name,
+                numel=numel,
+                dtype=str(dtype).replace("torch.", ""),
+                customops=t_ours,
+                torch=t_torch,
+                tbs_customops=nbytes / t_ours / 1e6,
+                tbs_torch=nbytes / t_torch / 1e6,
+            )
+        )
     return rows
 
 
@@ -144,8 +160,11 @@ def bench_cpu(shapes=((1024, 1024, 1024), (64, 4096, 4096))):
         x, w, b = torch.randn(m, k), torch.randn(n, k) / k**0.5, torch.randn(n)
         times = {}
         for name, stmt in [("customops", "customops.fused_linear_sigmoid(x, w, b)"), ("eager", "eager_fn(x, w, b)")]:
-            t = tb.Timer(stmt, globals=dict(customops=customops, eager_fn=eager_fn, x=x, w=w, b=b),
-                         num_threads=torch.get_num_threads())
+            t = tb.Timer(
+                stmt,
+                globals=dict(customops=customops, eager_fn=eager_fn, x=x, w=w, b=b),
+                num_threads=torch.get_num_threads(),
+            )
             times[name] = t.blocked_autorange(min_run_time=1.0).median * 1e6
         rows.append(dict(M=m, K=k, N=n, threads=torch.get_num_threads(), **times))
     return rows
@@ -155,8 +174,10 @@ def fmt_table(rows, modes):
     cols = ["customops", "eager"] + [f"compile {m}" for m in modes] + ["mm alone"]
     cols += sorted({key for r in rows for key in r if key.startswith("ours[")})
     lines = [
-        "| M×K×N | dtype | " + " | ".join(f"{c} (µs)" for c in cols)
-        + " | eager / ours | ours / mm | floor (µs) | ours: fraction of floor | ours TFLOP/s | ours TB/s | max rel err |",
+        "| M×K×N | dtype | "
+        + " | ".join(f"{c} (µs)" for c in cols)
+        + " | eager / ours | ours / mm | floor (µs) | ours: fraction of floor"
+        + " | ours TFLOP/s | ours TB/s | max rel err |",
         "|" + "---|" * (len(cols) + 9),
     ]
     for r in rows:
@@ -165,7 +186,8 @@ def fmt_table(rows, modes):
         lines.append(
             f"| {r['M']}×{r['K']}×{r['N']} | {r['dtype']} | "
             + " | ".join(f"{r[c]:.1f}" if c in r else "–" for c in cols)
-            + f" | {r['eager'] / ours:.2f}× | {ours / r['mm alone']:.3f} | {r['floor_us']:.1f} | {r['floor_us'] / ours:.2f}"
+            + f" | {r['eager'] / ours:.2f}× | {ours / r['mm alone']:.3f} | {r['floor_us']:.1f}"
+            + f" | {r['floor_us'] / ours:.2f}"
             f" | {r['flops'] / ours / 1e6:.1f} | {r['bytes'] / ours / 1e6:.2f} | {errs:.1e} |"
         )
     return "\n".join(lines)
@@ -209,8 +231,12 @@ def main_cpu(args, argv):
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`. float32 forward, medians of "
         "torch.utils.benchmark.Timer.blocked_autorange (at least 1 s each).\n\n"
         "| M×K×N | customops (µs) | eager (µs) | eager / ours |\n|---|---|---|---|\n"
-        + "\n".join(f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.0f} | {r['eager']:.0f} | "
-                    f"{r['eager'] / r['customops']:.2f}× |" for r in rows) + "\n"
+        + "\n".join(
+            f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.0f} | {r['eager']:.0f} | "
+            f"{r['eager'] / r['customops']:.2f}× |"
+            for r in rows
+        )
+        + "\n"
     )
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"fused_linear_sigmoid_cpu_{os.cpu_count()}cores_{date}.md")
@@ -224,16 +250,28 @@ def main_cpu(args, argv):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
-    parser.add_argument("--autotune-dtypes", nargs="*", default=["bfloat16"],
-                        help="dtypes whose table shapes also run torch.compile max-autotune-no-cudagraphs")
+    parser.add_argument(
+        "--autotune-dtypes",
+        nargs="*",
+        default=["bfloat16"],
+        help="dtypes whose table shapes also run torch.compile max-autotune-no-cudagraphs",
+    )
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    parser.add_argument("--variants", nargs="*", default=[],
-                        help="CUDA kernels to time forced, besides the automatic choice (generic, small_m, sm90_...)")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        help="CUDA kernels to time forced, besides the automatic choice (generic, small_m, sm90_...)",
+    )
     parser.add_argument("--no-cpu", action="store_true", help="skip the CPU rows")
     parser.add_argument("--cpu-only", action="store_true", help="only the CPU rows (no GPU needed)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (a quicker tuning run)")
-    parser.add_argument("--compile-dtypes", nargs="*", default=["bfloat16"],
-                        help="dtypes whose table shapes run torch.compile (default mode)")
+    parser.add_argument(
+        "--compile-dtypes",
+        nargs="*",
+        default=["bfloat16"],
+        help="dtypes whose table shapes run torch.compile (default mode)",
+    )
     parser.add_argument("--quick", action="store_true", help="two table shapes, short sweep (a smoke run)")
     args = parser.parse_args(argv)
     if args.cpu_only:
@@ -247,13 +285,19 @@ def main(argv=None):
     shapes = TABLE_SHAPES[-2:] if args.quick else TABLE_SHAPES
     sweep = SWEEP_M[::4] if args.quick else SWEEP_M
     peak_tflops, peak_tbs = measure_ceilings()
-    print(f"{gpu}, torch {torch.__version__}: measured {peak_tflops:.0f} TFLOP/s bf16, {peak_tbs:.2f} TB/s copy", flush=True)
+    print(
+        f"{gpu}, torch {torch.__version__}: measured {peak_tflops:.0f} TFLOP/s bf16, {peak_tbs:.2f} TB/s copy",
+        flush=True,
+    )
 
     table = []
     for dtype_name in args.dtypes:
         dtype = torch.float32 if dtype_name == "tf32" else getattr(torch, dtype_name)
-        modes = [] if args.no_compile or dtype_name not in args.compile_dtypes else (
-            ["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else []))
+        modes = (
+            []
+            if args.no_compile or dtype_name not in args.compile_dtypes
+            else (["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else []))
+        )
         for m, k, n in shapes:
             table.append(bench_shape(m, k, n, dtype, modes, peak_tflops, peak_tbs, args.variants, dtype_name == "tf32"))
             print(fmt_table(table[-1:], modes).splitlines()[-1], flush=True)
@@ -261,8 +305,19 @@ def main(argv=None):
     torch._dynamo.reset()
     sweep_compiled = {} if args.no_compile else {"default": torch.compile(eager_fn)}
     for m in sweep:
-        sweep_rows.append(bench_shape(m, 4096, 4096, torch.bfloat16, [] if args.no_compile else ["default"], peak_tflops,
-                                      peak_tbs, args.variants, compiled=sweep_compiled))
+        sweep_rows.append(
+            bench_shape(
+                m,
+                4096,
+                4096,
+                torch.bfloat16,
+                [] if args.no_compile else ["default"],
+                peak_tflops,
+                peak_tbs,
+                args.variants,
+                compiled=sweep_compiled,
+            )
+        )
         print(f"sweep M={m}: ours {sweep_rows[-1]['customops']:.1f} µs", flush=True)
     backward = [bench_backward(m, k, n, torch.bfloat16) for m, k, n in shapes]
     elementwise = bench_elementwise()
@@ -277,48 +332,90 @@ def main(argv=None):
         f"{' '.join(argv if argv is not None else sys.argv[1:])}`\n\n"
         f"Measured ceilings in this run: {peak_tflops:.0f} TFLOP/s (bf16 8192³ matmul), {peak_tbs:.2f} TB/s "
         f"(2 GiB device-to-device copy, read + write). Times: medians, µs, CUDA events, L2 flushed "
-        f"(triton.testing.do_bench), implementations timed in turn (each round from a different start), median of 3 rounds. Floor = max(FLOPs / rate, bytes / bandwidth).\n"
+        "(triton.testing.do_bench), implementations timed in turn (each round from a different start), "
+        "median of 3 rounds. Floor = max(FLOPs / rate, bytes / bandwidth).\n"
     )
     all_modes = ["default"]
     parts = [header]
     for dtype_name in args.dtypes:
-        modes = [] if args.no_compile or dtype_name not in args.compile_dtypes else (
-            ["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else []))
+        modes = (
+            []
+            if args.no_compile or dtype_name not in args.compile_dtypes
+            else (["default"] + (["max-autotune-no-cudagraphs"] if dtype_name in args.autotune_dtypes else []))
+        )
         rows = [r for r in table if r["dtype"] == dtype_name]
         parts.append(f"\n## Forward, {dtype_name}\n\n" + fmt_table(rows, modes) + "\n")
-    parts.append("\n## Sweep of M at K = N = 4096, bfloat16 (one torch.compile serves every M)\n\n"
-                 + fmt_table(sweep_rows, all_modes) + "\n")
+    parts.append(
+        "\n## Sweep of M at K = N = 4096, bfloat16 (one torch.compile serves every M)\n\n"
+        + fmt_table(sweep_rows, all_modes)
+        + "\n"
+    )
     parts.append(
         "\n## Forward + backward (torch.autograd.grad w.r.t. x, W, b), bfloat16\n\n"
         "Plain: `torch.autograd.grad` called each time (host overhead included). CUDA graph: the same\n"
         "step captured once and replayed (the GPU's work alone).\n\n"
-        "| M×K×N | customops (µs) | eager (µs) | eager / ours | customops, CUDA graph (µs) | eager, CUDA graph (µs) | eager / ours, CUDA graph |\n"
+        "| M×K×N | customops (µs) | eager (µs) | eager / ours | customops, CUDA graph (µs) "
+        "| eager, CUDA graph (µs) | eager / ours, CUDA graph |\n"
         "|---|---|---|---|---|---|---|\n"
-        + "\n".join(f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.1f} | {r['eager']:.1f} | {r['eager'] / r['customops']:.2f}× "
-                    f"| {r['customops_graph']:.1f} | {r['eager_graph']:.1f} | {r['eager_graph'] / r['customops_graph']:.2f}× |"
-                    for r in backward)
+        + "\n".join(
+            f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.1f} | {r['eager']:.1f} "
+            f"| {r['eager'] / r['customops']:.2f}× "
+            f"| {r['customops_graph']:.1f} | {r['eager_graph']:.1f} | {r['eager_graph'] / r['customops_graph']:.2f}× |"
+            for r in backward
+        )
         + "\n"
     )
     parts.append(
-        "\n## Elementwise, 2^28 elements\n\n| op | dtype | customops (µs) | torch (µs) | customops TB/s | torch TB/s | ours / torch bandwidth |\n|---|---|---|---|---|---|---|\n"
-        + "\n".join(f"| {r['op']} | {r['dtype']} | {r['customops']:.1f} | {r['torch']:.1f} | {r['tbs_customops']:.2f} | {r['tbs_torch']:.2f} | {r['tbs_customops'] / r['tbs_torch']:.2f} |" for r in elementwise)
+        "\n## Elementwise, 2^28 elements\n\n"
+        "| op | dtype | customops (µs) | torch (µs) | customops TB/s | torch TB/s | ours / torch bandwidth |\n"
+        "|---|---|---|---|---|---|---|\n"
+        + "\n".join(
+            f"| {r['op']} | {r['dtype']} | {r['customops']:.1f} | {r['torch']:.1f} | {r['tbs_customops']:.2f} "
+            f"| {r['tbs_torch']:.2f} | {r['tbs_customops'] / r['tbs_torch']:.2f} |"
+            for r in elementwise
+        )
         + "\n"
     )
     if cpu_rows:
         parts.append(
-            f"\n## CPU forward, float32 ({platform.processor() or platform.machine()}, {cpu_rows[0]['threads']} threads)\n\n"
+            f"\n## CPU forward, float32 ({platform.processor() or platform.machine()}, "
+            f"{cpu_rows[0]['threads']} threads)\n\n"
             "| M×K×N | customops (µs) | eager (µs) | eager / ours |\n|---|---|---|---|\n"
-            + "\n".join(f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.0f} | {r['eager']:.0f} | {r['eager'] / r['customops']:.2f}× |" for r in cpu_rows)
+            + "\n".join(
+                f"| {r['M']}×{r['K']}×{r['N']} | {r['customops']:.0f} | {r['eager']:.0f} "
+                f"| {r['eager'] / r['customops']:.2f}× |"
+                for r in cpu_rows
+            )
             + "\n"
         )
     parts.append(f"\n![sweep]({os.path.basename(stem)}.png)\n")
     with open(stem + ".md", "w") as f:
         f.write("".join(parts))
     with open(stem + ".json", "w") as f:
-        json.dump(dict(gpu=gpu, torch=torch.__version__, date=date, peak_tflops=peak_tflops, peak_tbs=peak_tbs,
-                       table=table, sweep=sweep_rows, backward=backward, elementwise=elementwise, cpu=cpu_rows), f, indent=1)
-    plot(sweep_rows, all_modes, peak_tflops, peak_tbs, stem + ".png",
-         f"fused_linear_sigmoid, bf16, {gpu}, torch {torch.__version__}, {date}")
+        json.dump(
+            dict(
+                gpu=gpu,
+                torch=torch.__version__,
+                date=date,
+                peak_tflops=peak_tflops,
+                peak_tbs=peak_tbs,
+                table=table,
+                sweep=sweep_rows,
+                backward=backward,
+                elementwise=elementwise,
+                cpu=cpu_rows,
+            ),
+            f,
+            indent=1,
+        )
+    plot(
+        sweep_rows,
+        all_modes,
+        peak_tflops,
+        peak_tbs,
+        stem + ".png",
+        f"fused_linear_sigmoid, bf16, {gpu}, torch {torch.__version__}, {date}",
+    )
     print("".join(parts))
     print(f"wrote {stem}.md/.json/.png")
     return 0

@@ -92,8 +92,11 @@ def bench_case(rows, classes, dtype_name, reduction, device, timer, compile_comp
     dtype = getattr(torch, dtype_name)
     x = (torch.randn(rows, classes, device=device) * 3).to(dtype).requires_grad_()
     t = (torch.rand(rows, classes, device=device) < 0.02).to(dtype)  # detection-like: few positives
-    grad_out = torch.ones((), device=device, dtype=dtype) if reduction != "none" else torch.randn(
-        rows, classes, device=device, dtype=dtype)
+    grad_out = (
+        torch.ones((), device=device, dtype=dtype)
+        if reduction != "none"
+        else torch.randn(rows, classes, device=device, dtype=dtype)
+    )
     n, elt = x.numel(), x.element_size()
     fwd_bytes = (2 + (reduction == "none")) * n * elt
     bwd_bytes = (3 + (reduction == "none")) * n * elt
@@ -111,9 +114,17 @@ def bench_case(rows, classes, dtype_name, reduction, device, timer, compile_comp
     ref = torchvision_sigmoid_focal_loss(xd, t.double(), 0.25, 2.0, reduction)
     (ref_grad,) = torch.autograd.grad(ref, (xd,), grad_out.double())
 
-    row = dict(rows=rows, classes=classes, dtype=dtype_name, reduction=reduction, numel=n,
-               fwd_bytes=fwd_bytes, fwd_bwd_bytes=fwd_bytes + bwd_bytes)
+    row = dict(
+        rows=rows,
+        classes=classes,
+        dtype=dtype_name,
+        reduction=reduction,
+        numel=n,
+        fwd_bytes=fwd_bytes,
+        fwd_bwd_bytes=fwd_bytes + bwd_bytes,
+    )
     for name, fn in impls.items():
+
         def forward():
             with torch.no_grad():
                 return fn(x, t)
@@ -159,13 +170,17 @@ def fmt_table(rows, names):
             eager = row["eager composite"]
             if name == "customops":
                 speed = f"{eager['fwd_bwd_us'] / ours['fwd_bwd_us']:.2f}×"
-                mem = ("n/a" if ours["fwd_bwd_peak_bytes"] in (None, 0)
-                       else f"{eager['fwd_bwd_peak_bytes'] / ours['fwd_bwd_peak_bytes']:.2f}×")
+                mem = (
+                    "n/a"
+                    if ours["fwd_bwd_peak_bytes"] in (None, 0)
+                    else f"{eager['fwd_bwd_peak_bytes'] / ours['fwd_bwd_peak_bytes']:.2f}×"
+                )
             else:
                 speed = mem = ""
             lines.append(
                 f"| {row['rows']}×{row['classes']} | {row['dtype']} | {row['reduction']} | {name} | {r['fwd_us']:.1f} "
-                f"| {r['fwd_gbs']:.1f} | {r['fwd_bwd_us']:.1f} | {r['fwd_bwd_gbs']:.1f} | {fmt_mib(r['fwd_bwd_peak_bytes'])} "
+                f"| {r['fwd_gbs']:.1f} | {r['fwd_bwd_us']:.1f} | {r['fwd_bwd_gbs']:.1f} "
+                f"| {fmt_mib(r['fwd_bwd_peak_bytes'])} "
                 f"| {fmt_mib(r['fwd_peak_bytes'])} | {speed} | {mem} | {r['err']:.1e} |"
             )
     return "\n".join(lines)
@@ -174,15 +189,21 @@ def fmt_table(rows, names):
 def target_verdict(rows):
     for row in rows:
         if (row["rows"], row["classes"], row["dtype"], row["reduction"]) == (
-                TARGET["rows"], TARGET["classes"], TARGET["dtype"], TARGET["reduction"]):
+            TARGET["rows"],
+            TARGET["classes"],
+            TARGET["dtype"],
+            TARGET["reduction"],
+        ):
             ours, eager = row["customops"], row["eager composite"]
             speedup = eager["fwd_bwd_us"] / ours["fwd_bwd_us"]
             if ours["fwd_bwd_peak_bytes"] is None:
                 return f"target case timed at {speedup:.2f}× (memory not measured on this device)", None
             memory = eager["fwd_bwd_peak_bytes"] / max(ours["fwd_bwd_peak_bytes"], 1)
             ok = speedup >= TARGET["speedup"] and memory >= TARGET["memory"]
-            return (f"{'MET' if ok else 'NOT MET'}: float32 (65536, 80) sum, forward + backward "
-                    f"{speedup:.2f}× faster (target ≥ 3×), peak memory {memory:.2f}× lower (target ≥ 3×)"), ok
+            return (
+                f"{'MET' if ok else 'NOT MET'}: float32 (65536, 80) sum, forward + backward "
+                f"{speedup:.2f}× faster (target ≥ 3×), peak memory {memory:.2f}× lower (target ≥ 3×)"
+            ), ok
     return "target case not in this run", None
 
 
@@ -197,7 +218,9 @@ def main(argv=None):
         print("no CUDA GPU here: run with --device cpu --quick for a smoke run", file=sys.stderr)
         return 2
 
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
+    device_name = (
+        torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
+    )
     date = datetime.date.today().isoformat()
     timer = make_timer(args.device)
     cases = QUICK_CASES if args.quick else CASES
@@ -217,17 +240,32 @@ def main(argv=None):
         f"torch {torch.__version__}, CUDA {torch.version.cuda}, customops {customops.__version__}, {date}, "
         f"Python {platform.python_version()}. Command: `{command}`\n\n"
         "Forward + backward = the loss and torch.autograd.grad w.r.t. the logits (targets do not require grad). "
-        + ("Times: medians, µs, CUDA events, L2 flushed (triton.testing.do_bench). Peak memory: "
-           "torch.cuda.max_memory_allocated() during one call minus what was allocated before it. "
-           if args.device == "cuda" else "Times: wall-clock medians, µs (a smoke run; no memory figures). ")
+        + (
+            "Times: medians, µs, CUDA events, L2 flushed (triton.testing.do_bench). Peak memory: "
+            "torch.cuda.max_memory_allocated() during one call minus what was allocated before it. "
+            if args.device == "cuda"
+            else "Times: wall-clock medians, µs (a smoke run; no memory figures). "
+        )
         + "GB/s: the minimum bytes (see the script's docstring) over the time. alpha = 0.25, gamma = 2.\n\n"
         f"**Target**: {verdict}\n\n" + fmt_table(rows, names) + "\n"
     )
     with open(stem + ".md", "w") as f:
         f.write(md)
     with open(stem + ".json", "w") as f:
-        json.dump(dict(device=device_name, torch=torch.__version__, cuda=torch.version.cuda, date=date,
-                       command=command, target=TARGET, target_met=met, rows=rows), f, indent=1)
+        json.dump(
+            dict(
+                device=device_name,
+                torch=torch.__version__,
+                cuda=torch.version.cuda,
+                date=date,
+                command=command,
+                target=TARGET,
+                target_met=met,
+                rows=rows,
+            ),
+            f,
+            indent=1,
+        )
     print(md)
     print(f"wrote {stem}.md and .json")
     return 0

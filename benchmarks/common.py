@@ -1,6 +1,7 @@
 """Timing helpers shared by the benchmarks (the method and why: docs/design.md, "Timing
 method")."""
 
+
 def do_bench(fn, rep=100) -> float:
     """Median time in microseconds, CUDA events, L2 flushed before each call."""
     from triton.testing import do_bench as triton_do_bench
@@ -19,7 +20,7 @@ def bench_round_robin(impls, rounds=3):
     times = {name: [] for name in names}
     for r in range(rounds):
         start = r * max(1, len(names) // rounds)
-        for name in names[start % len(names):] + names[:start % len(names)]:
+        for name in names[start % len(names) :] + names[: start % len(names)]:
             times[name].append(do_bench(impls[name], rep=25))
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
@@ -48,4 +49,6 @@ def rel_err(out, ref):
 
 def forced(kernel, x, w, b):
     """fused_linear_sigmoid(x, w, b) through one named CUDA kernel (an error where it cannot run)."""
+    import torch
+
     return lambda: torch.ops.customops._fused_linear_sigmoid_with_kernel(x, w, b, kernel)

@@ -142,8 +142,8 @@ std::string dtype_name(at::ScalarType t) {
 // torch's own packages export as dynamic.
 at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std::string& model) {
   if (spec.find('|') != std::string::npos) {
-    throw std::runtime_error("the model takes several inputs (" + spec +
-                             "); customops_serve serves models with one tensor input");
+    throw std::runtime_error(
+        "the model takes several inputs (" + spec + "); customops_serve serves models with one tensor input");
   }
   const size_t colon = spec.find(':');
   const std::string dtype = spec.substr(0, colon);
@@ -166,9 +166,9 @@ at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std
   if (!fits) {
     std::string expected;
     for (const char c : dims) expected += c == ',' ? std::string(", ") : std::string(1, c);
-    throw std::runtime_error("model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) +
-                             " and dtype " + dtype_name(x.scalar_type()) + ": it expects dtype " + dtype +
-                             " and shape [" + expected + "]");
+    throw std::runtime_error(
+        "model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) + " and dtype " +
+        dtype_name(x.scalar_type()) + ": it expects dtype " + dtype + " and shape [" + expected + "]");
   }
   return x.contiguous();
 }
@@ -191,8 +191,8 @@ int main(int argc, char** argv) {
       if (!loaded.isTensor()) throw std::runtime_error("it holds a " + loaded.tagKind() + ", not a tensor");
       x = loaded.toTensor();
     } catch (const c10::Error& e) {
-      throw std::runtime_error("input file '" + args.input + "' is not a tensor saved with torch.save: " +
-                               e.what_without_backtrace());
+      throw std::runtime_error(
+          "input file '" + args.input + "' is not a tensor saved with torch.save: " + e.what_without_backtrace());
     } catch (const std::exception& e) {
       throw std::runtime_error("input file '" + args.input + "' is not a tensor saved with torch.save: " + e.what());
     }
@@ -208,8 +208,9 @@ int main(int argc, char** argv) {
         run = [&](const at::Tensor& in) {
           std::vector<at::Tensor> outs = package->run({in});
           if (outs.size() != 1) {
-            throw std::runtime_error("the model returns " + std::to_string(outs.size()) +
-                                     " tensors; customops_serve serves models with one tensor output");
+            throw std::runtime_error(
+                "the model returns " + std::to_string(outs.size()) +
+                " tensors; customops_serve serves models with one tensor output");
           }
           return outs[0];
         };
@@ -219,8 +220,8 @@ int main(int argc, char** argv) {
         run = [&](const at::Tensor& in) {
           const c10::IValue out = module.forward({in});
           if (!out.isTensor()) {
-            throw std::runtime_error("the model returns a " + out.tagKind() +
-                                     "; customops_serve serves models with one tensor output");
+            throw std::runtime_error(
+                "the model returns a " + out.tagKind() + "; customops_serve serves models with one tensor output");
           }
           return out.toTensor();
         };
@@ -261,9 +262,9 @@ int main(int argc, char** argv) {
     output_file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     output_file.close();
     if (!output_file) throw std::runtime_error("output file '" + args.output + "' cannot be written");
-    std::printf("model %s, input %s, output %s on %s: median %.4f ms, p99 %.4f ms over %d runs\n",
-                args.model.c_str(), shape_str(x.sizes()).c_str(), shape_str(out.sizes()).c_str(),
-                args.device.c_str(), median, p99, args.runs);
+    std::printf(
+        "model %s, input %s, output %s on %s: median %.4f ms, p99 %.4f ms over %d runs\n", args.model.c_str(),
+        shape_str(x.sizes()).c_str(), shape_str(out.sizes()).c_str(), args.device.c_str(), median, p99, args.runs);
     return 0;
   } catch (const c10::Error& e) {
     std::cerr << "customops_serve: error: " << explain(e.what_without_backtrace()) << "\n";

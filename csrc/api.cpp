@@ -7,7 +7,8 @@ namespace customops {
 
 at::Tensor fused_linear_sigmoid(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   static const auto handle =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>("fused_linear_sigmoid");
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>(
+          "fused_linear_sigmoid");
   return handle.call(x, weight, bias);
 }
 
@@ -35,22 +36,21 @@ at::Tensor sigmoid_backward(const at::Tensor& grad_out, const at::Tensor& y) {
   return handle.call(grad_out, y);
 }
 
-at::Tensor sigmoid_focal_loss(const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
-                              std::string_view reduction) {
-  static const auto handle = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, double, double, c10::string_view)>(
-      "sigmoid_focal_loss");
+at::Tensor sigmoid_focal_loss(
+    const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma, std::string_view reduction) {
+  static const auto handle =
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, double, double, c10::string_view)>("sigmoid_focal_loss");
   return handle.call(inputs, targets, alpha, gamma, c10::string_view(reduction.data(), reduction.size()));
 }
 
-std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward(const at::Tensor& grad_out, const at::Tensor& inputs,
-                                                               const at::Tensor& targets, double alpha, double gamma,
-                                                               std::string_view reduction,
-                                                               std::array<bool, 2> output_mask) {
+std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward(
+    const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
+    std::string_view reduction, std::array<bool, 2> output_mask) {
   static const auto handle = find_op<std::tuple<at::Tensor, at::Tensor>(
       const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, c10::string_view, std::array<bool, 2>)>(
       "sigmoid_focal_loss_backward");
-  return handle.call(grad_out, inputs, targets, alpha, gamma, c10::string_view(reduction.data(), reduction.size()),
-                     output_mask);
+  return handle.call(
+      grad_out, inputs, targets, alpha, gamma, c10::string_view(reduction.data(), reduction.size()), output_mask);
 }
 
 }  // namespace customops

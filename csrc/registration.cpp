@@ -55,9 +55,9 @@ bool owns_namespace() {
         if (start != std::string::npos) first = info.substr(start + key.size(), info.rfind('"') - start - key.size());
       } catch (const std::exception&) {
       }
-      std::cerr << "customops: the op library " << this_library_path()
-                << " registers nothing: another copy, " << first
-                << ", already registered the customops ops in this process. Load one copy of the library per process.\n";
+      std::cerr
+          << "customops: the op library " << this_library_path() << " registers nothing: another copy, " << first
+          << ", already registered the customops ops in this process. Load one copy of the library per process.\n";
       return false;
     }
   }();

@@ -26,7 +26,14 @@ from ._version import __version__  # noqa: E402
 from .ops import *  # noqa: E402,F401,F403  (every op's public wrapper: customops/ops/<op>.py's __all__)
 from .ops import __all__ as _op_names  # noqa: E402
 
-__all__ = sorted(
-    ["build_info", "cmake_prefix_path", "compiled_backends", "library_path", "load_library", "nn", "server_path"]
-    + _op_names
-)
+__all__ = [
+    "__version__",
+    "build_info",
+    "cmake_prefix_path",
+    "compiled_backends",
+    "library_path",
+    "load_library",
+    "nn",
+    "server_path",
+]
+__all__ += _op_names

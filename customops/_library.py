@@ -134,7 +134,9 @@ def arch_runs(capability: Tuple[int, int], archs: Sequence[str]) -> bool:
         base, _, ptx = arch.partition("+")
         specific = base[-1].isalpha()
         version = tuple(int(v) for v in base.rstrip("abcdefghijklmnopqrstuvwxyz").split("."))
-        if version == tuple(capability) or (not specific and version[0] == capability[0] and version[1] <= capability[1]):
+        if version == tuple(capability) or (
+            not specific and version[0] == capability[0] and version[1] <= capability[1]
+        ):
             return True
         if ptx and not specific and version <= tuple(capability):
             return True
@@ -147,9 +149,10 @@ def missing_arch_message(capability: Tuple[int, int], name: str, archs: Sequence
         return None
     wanted = "%d.%d" % tuple(capability)
     return (
-        f"customops: this build has no CUDA code for {name} (compute capability {wanted}, sm_{wanted.replace('.', '')}); "
+        f"customops: this build has no CUDA code for {name} "
+        f"(compute capability {wanted}, sm_{wanted.replace('.', '')}); "
         f"it was built for {' '.join(archs)}, so its CUDA kernels fail on it with 'no kernel image is available'. "
-        f"Rebuild for it: TORCH_CUDA_ARCH_LIST=\"{wanted}\" pip install --no-build-isolation --force-reinstall "
+        f'Rebuild for it: TORCH_CUDA_ARCH_LIST="{wanted}" pip install --no-build-isolation --force-reinstall '
         "--no-deps <customops source> (or leave TORCH_CUDA_ARCH_LIST unset for every architecture your torch supports)."
     )
 

@@ -135,9 +135,15 @@ def format_report(info: Dict[str, str], matrix: Dict[str, Dict[str, str]]) -> st
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m customops.doctor", description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=["cpu", "cuda", "all"], default="all",
-                        help="devices to check (all: the CPU, and CUDA where a GPU is visible)")
-    parser.add_argument("--aoti", action="store_true", help="also build and load an AOTInductor package (one for every op)")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda", "all"],
+        default="all",
+        help="devices to check (all: the CPU, and CUDA where a GPU is visible)",
+    )
+    parser.add_argument(
+        "--aoti", action="store_true", help="also build and load an AOTInductor package (one for every op)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     # torch.onnx's exporter logs a warning per torchvision op it cannot register when

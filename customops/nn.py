@@ -7,7 +7,6 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 
-
 class FusedLinearSigmoid(nn.Module):
     """``sigmoid(Linear(x))`` in one op: a drop-in for ``nn.Sequential(nn.Linear(...), nn.Sigmoid())``.
 

@@ -84,7 +84,9 @@ def model_forms(model, example, export_dir):
     # torch.compile's advice to allow TF32 on a GPU: the comparison below wants IEEE float32.
     warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication")
     # torch.compile's own pytree code (torch 2.11 to 2.14); customops.export filters it likewise.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
     forms = {"eager": model, "torch.compile": torch.compile(model, fullgraph=True, dynamic=True)}
     skipped = {}
     formats = ["pt", "pt2"]
@@ -163,8 +165,11 @@ def main(argv=None) -> int:
 
 def _evaluate(model, x_test, y_test, export_dir, keep: bool) -> int:
     forms, paths, skipped = model_forms(model, x_test, export_dir)
-    print("exported: " + ", ".join(f"{fmt} {path}" for fmt, path in paths.items())
-          + ("" if keep else " (a temporary folder, removed at exit: --export-dir DIR keeps them)"))
+    print(
+        "exported: "
+        + ", ".join(f"{fmt} {path}" for fmt, path in paths.items())
+        + ("" if keep else " (a temporary folder, removed at exit: --export-dir DIR keeps them)")
+    )
     with torch.no_grad():
         reference = model(x_test)
         rows = []
@@ -172,7 +177,10 @@ def _evaluate(model, x_test, y_test, export_dir, keep: bool) -> int:
             rows.append(table_row(name, fn(x_test), y_test, reference, latency_ms(fn, x_test)))
         rows += cpp_rows(paths, x_test, y_test, reference, export_dir, skipped)
 
-    print(f"\n| path | test accuracy | max abs diff vs eager | same predictions | latency per batch of {len(y_test)} (ms) |")
+    print(
+        "\n| path | test accuracy | max abs diff vs eager | same predictions "
+        f"| latency per batch of {len(y_test)} (ms) |"
+    )
     print("|---|---|---|---|---|")
     for name, acc, diff, same, ms in rows:
         print(f"| {name} | {acc:.4f} | {diff:.2e} | {'yes' if same else 'NO'} | {ms:.3f} |")

@@ -13,6 +13,7 @@ clean for our kernels (scripts/sanitize.sh's verdict):
 
     python scripts/sanitizer_reports.py --tool memcheck|racecheck|initcheck LOG   (exit 1: not clean)
 """
+
 import argparse
 import collections
 import re

@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import customops
-from customops.nn import FusedLinearSigmoid
-
 from conftest import HAS_CUDA, TOL
+from customops.nn import FusedLinearSigmoid
 
 # (device, autocast dtype): CUDA autocasts to float16 or bfloat16, CPU to bfloat16.
 CASES = [("cpu", torch.bfloat16)] + ([("cuda", torch.float16), ("cuda", torch.bfloat16)] if HAS_CUDA else [])
@@ -131,7 +130,9 @@ def _train(model, device, dtype, steps=60):
 @pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
 def test_mixed_model_trains_with_grad_scaler_like_linear_sigmoid(device, dtype):
     torch.manual_seed(0)
-    reference = nn.Sequential(nn.Linear(16, 32), nn.Sigmoid(), nn.Linear(32, 32), nn.Sigmoid(), nn.Linear(32, 4), nn.Sigmoid())
+    reference = nn.Sequential(
+        nn.Linear(16, 32), nn.Sigmoid(), nn.Linear(32, 32), nn.Sigmoid(), nn.Linear(32, 4), nn.Sigmoid()
+    )
     # Same weights: the middle pair is an nn.Linear + nn.Sigmoid in the reference and a
     # FusedLinearSigmoid here; the other layers stay nn.Linear in both.
     mixed = copy.deepcopy(reference)

@@ -35,7 +35,9 @@ def aoti_packages(tmp_path_factory):
             try:
                 built[device] = (P.build_aoti_package(specs, device, path), path)
             except Exception as e:
-                built[device] = RuntimeError(f"building the AOTInductor package of {[s.name for s in specs]} failed: {e}")
+                built[device] = RuntimeError(
+                    f"building the AOTInductor package of {[s.name for s in specs]} failed: {e}"
+                )
         if isinstance(built[device], Exception):
             raise built[device]
         return built[device]
@@ -45,7 +47,9 @@ def aoti_packages(tmp_path_factory):
 
 def _run(spec, path, device, request):
     P.run_path(
-        spec, path, device,
+        spec,
+        path,
+        device,
         aoti_package=lambda: request.getfixturevalue("aoti_packages")(device),
         serve=lambda: request.getfixturevalue("serve"),
     )
@@ -79,13 +83,13 @@ def _assert_fails(spec, path, request, tmp_path):
         pytest.skip(str(e))
     except Exception:
         return
-    pytest.fail(f"{spec.name} declares {path} unsupported ({spec.unsupported[path]!r}), but it works: "
-                "remove the entry from its spec's unsupported")
+    pytest.fail(
+        f"{spec.name} declares {path} unsupported ({spec.unsupported[path]!r}), but it works: "
+        "remove the entry from its spec's unsupported"
+    )
 
 
-@pytest.mark.parametrize(
-    "spec,path", [pytest.param(s, p, id=f"{s.name}-{p}") for s in OP_SPECS for p in s.unsupported]
-)
+@pytest.mark.parametrize("spec,path", [pytest.param(s, p, id=f"{s.name}-{p}") for s in OP_SPECS for p in s.unsupported])
 def test_unsupported_path_really_fails(spec, path, request, tmp_path):
     _assert_fails(spec, path, request, tmp_path)
 

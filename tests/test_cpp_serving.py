@@ -26,13 +26,24 @@ def cpp_programs(tmp_path_factory):
         pytest.skip("needs cmake, for a user's CMake project")
     build = tmp_path_factory.mktemp("cpp_build")
     env = {k: v for k, v in os.environ.items() if k not in ("CMAKE_PREFIX_PATH", "Torch_DIR")}
-    for cmd in (["cmake", "-S", TESTS_CPP, "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DCMAKE_PREFIX_PATH={customops.cmake_prefix_path()}"],
-                ["cmake", "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")]):
+    for cmd in (
+        [
+            "cmake",
+            "-S",
+            TESTS_CPP,
+            "-B",
+            str(build),
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCMAKE_PREFIX_PATH={customops.cmake_prefix_path()}",
+        ],
+        ["cmake", "--build", str(build), "-j", os.environ.get("MAX_JOBS", "2")],
+    ):
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    return {"example": str(build / "example" / "customops_example"),
-            "without_ops": str(build / "customops_serve_without_ops")}
+    return {
+        "example": str(build / "example" / "customops_example"),
+        "without_ops": str(build / "customops_serve_without_ops"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +119,9 @@ def test_bad_files_fail_cleanly(serve, exported, tmp_path):
         assert out.returncode == 1, (args, out.returncode, out.stderr)  # an error exit, not a signal
         assert message in out.stderr, (args, out.stderr)
     # An output that cannot be written is an error, not a success.
-    out = subprocess.run([serve, paths["pt"], str(good_input), str(tmp_path / "no" / "such" / "dir.pt")],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [serve, paths["pt"], str(good_input), str(tmp_path / "no" / "such" / "dir.pt")], capture_output=True, text=True
+    )
     assert out.returncode == 1 and "cannot be written" in out.stderr, out.stderr
     for bad_usage in ([paths["pt"]], [paths["pt"], str(good_input), "y.pt", "--runs", "5abc"]):
         out = subprocess.run([serve, *bad_usage], capture_output=True, text=True)

@@ -1,7 +1,8 @@
 """Every CUDA kernel of fused_linear_sigmoid against a float64 reference.
 
 Each kernel is run by name through customops::_fused_linear_sigmoid_with_kernel
-(csrc/ops/fused_linear_sigmoid/fused_linear_sigmoid_cuda.cu) on shapes at and off its tile edges, with fresh random inputs and
+(csrc/ops/fused_linear_sigmoid/fused_linear_sigmoid_cuda.cu) on shapes at and off its tile edges,
+with fresh random inputs and
 the output's memory poisoned with NaN beforehand, so an element a kernel fails to write shows.
 Criterion: ‖out − ref‖ / ‖ref‖ ≤ 1e-2 for bf16/fp16, 1e-5 for IEEE float32, 5e-4 with
 TF32, and every element finite.
@@ -52,8 +53,18 @@ def _run(kernel, m, k, n, dtype, bias=True, x_layout="contiguous", w_layout="con
 
 
 SMALL_M_SHAPES = [  # (M, K, N), M <= 8 (one n-tile of x): 16-row weight blocks, k steps and chunks
-    (1, 4096, 4096), (3, 72, 129), (8, 8, 1), (5, 4104, 127), (8, 1024, 256), (7, 520, 300),
-    (2, 4096, 1000), (6, 8, 1), (4, 1000, 256), (8, 8192, 520), (1, 16384, 136), (2, 512, 20000),
+    (1, 4096, 4096),
+    (3, 72, 129),
+    (8, 8, 1),
+    (5, 4104, 127),
+    (8, 1024, 256),
+    (7, 520, 300),
+    (2, 4096, 1000),
+    (6, 8, 1),
+    (4, 1000, 256),
+    (8, 8192, 520),
+    (1, 16384, 136),
+    (2, 512, 20000),
 ]
 
 
@@ -71,8 +82,14 @@ def test_small_m_kernel_strided_rows_and_no_bias(x_layout, w_layout):
     assert err <= 1e-2
 
 
-SM90_SHAPES = [  # edges of 128x128 and 128x256 tiles and of 64x64/64x32 epilogue tiles, K below and off the 64-wide k tile
-    (65, 8, 8), (128, 64, 128), (129, 72, 136), (300, 200, 264), (1000, 1024, 1000), (257, 4096, 512),
+# Edges of 128x128 and 128x256 tiles and of 64x64/64x32 epilogue tiles, K below and off the 64-wide k tile.
+SM90_SHAPES = [
+    (65, 8, 8),
+    (128, 64, 128),
+    (129, 72, 136),
+    (300, 200, 264),
+    (1000, 1024, 1000),
+    (257, 4096, 512),
     (4096, 256, 2048),
 ]
 
@@ -83,7 +100,9 @@ SM90_SHAPES = [  # edges of 128x128 and 128x256 tiles and of 64x64/64x32 epilogu
 @pytest.mark.parametrize("m,k,n", SM90_SHAPES)
 def test_sm90_kernels(kernel, m, k, n, dtype):
     if not _build_info().get("cutlass_sm90_kernels"):
-        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+        pytest.fail(
+            "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
+        )
     assert _run(kernel, m, k, n, dtype, bias=(m % 2 == 1)) <= 1e-2
 
 
@@ -91,7 +110,9 @@ def test_sm90_kernels(kernel, m, k, n, dtype):
 @pytest.mark.parametrize("m,k,n", SM90_SHAPES)
 def test_sm90_tf32_kernel(monkeypatch, m, k, n):
     if not _build_info().get("cutlass_sm90_kernels"):
-        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+        pytest.fail(
+            "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
+        )
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     assert _run("sm90_pingpong_128x128", m, k, n, torch.float32, bias=(m % 2 == 1)) <= 5e-4
 
@@ -100,7 +121,9 @@ def test_sm90_tf32_kernel(monkeypatch, m, k, n):
 def test_sm90_float32_needs_tf32_allowed(monkeypatch):
     # IEEE float32 never runs on the TF32 tensor cores, and only Pingpong has a TF32 build.
     if not _build_info().get("cutlass_sm90_kernels"):
-        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+        pytest.fail(
+            "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
+        )
     x = torch.randn(512, 64, device="cuda")
     w = torch.randn(128, 64, device="cuda")
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
@@ -113,14 +136,19 @@ def test_sm90_float32_needs_tf32_allowed(monkeypatch):
 
 
 @pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
-@pytest.mark.parametrize("kernel,dtype", [(k, d) for k in SM90_KERNELS for d in (torch.bfloat16, torch.float16)]
-                         + [("sm90_pingpong_128x128", torch.float32)])
+@pytest.mark.parametrize(
+    "kernel,dtype",
+    [(k, d) for k in SM90_KERNELS for d in (torch.bfloat16, torch.float16)]
+    + [("sm90_pingpong_128x128", torch.float32)],
+)
 def test_sm90_epilogue_saturates_and_carries_nan(monkeypatch, kernel, dtype):
     # The epilogue's sigmoid (tanh.approx for 16-bit, exp and a reciprocal for TF32): logits of
     # +-inf and +-1e4 give exactly 1 and 0, a NaN in x or the bias gives NaN as torch does, and
     # every other output stays in [0, 1] and near the float64 reference.
     if not _build_info().get("cutlass_sm90_kernels"):
-        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+        pytest.fail(
+            "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
+        )
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", dtype == torch.float32)
     m, k, n = 300, 128, 264
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -132,7 +160,9 @@ def test_sm90_epilogue_saturates_and_carries_nan(monkeypatch, kernel, dtype):
     torch.full((m, n), float("nan"), device="cuda", dtype=dtype)  # freed at once: an unwritten element stays NaN
     out = WITH_KERNEL(x, w, b, kernel).double()
     ref = torch.sigmoid(F.linear(x.double(), w.double(), b.double()))
-    assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[7]).all() and torch.isnan(out[:, 2]).all()
+    assert (
+        torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.isnan(out[7]).all() and torch.isnan(out[:, 2]).all()
+    )
     rows = torch.arange(m, device="cuda") != 7
     assert (out[rows, 0] == 1).all() and (out[rows, 3] == 1).all()
     assert (out[rows, 1] == 0).all() and (out[rows, 4] == 0).all()
@@ -144,8 +174,7 @@ def test_sm90_epilogue_saturates_and_carries_nan(monkeypatch, kernel, dtype):
 @pytest.mark.skipif(not _is_hopper(), reason="the CUTLASS kernels need compute capability 9.0")
 @pytest.mark.parametrize("kernel", SM90_KERNELS)
 def test_sm90_kernel_strided_rows(kernel):
-    assert _run(kernel, 200, 256, 136, torch.bfloat16, x_layout="row_stride",
-                w_layout="row_stride") <= 1e-2
+    assert _run(kernel, 200, 256, 136, torch.bfloat16, x_layout="row_stride", w_layout="row_stride") <= 1e-2
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -222,7 +251,9 @@ DISPATCH_CASES = [  # (M, K, N, dtype, the kernel choose_kernel must pick on Hop
 @pytest.mark.parametrize("m,k,n,dtype,expected", DISPATCH_CASES)
 def test_default_dispatch_picks_the_documented_kernel(monkeypatch, m, k, n, dtype, expected):
     if not _build_info().get("cutlass_sm90_kernels"):
-        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+        pytest.fail(
+            "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
+        )
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     x = torch.randn(m, k, device="cuda", dtype=dtype)
     w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
@@ -236,7 +267,9 @@ def test_default_dispatch_picks_the_documented_kernel(monkeypatch, m, k, n, dtyp
 def test_tf32_at_small_k_takes_pingpong_not_the_16_bit_only_kernel(monkeypatch):
     # K <= 512 sends 16-bit inputs to the 64x64-epilogue kernel, which has no TF32 build.
     if not _build_info().get("cutlass_sm90_kernels"):
-        pytest.fail("the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild")
+        pytest.fail(
+            "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
+        )
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     x, w = torch.randn(512, 256, device="cuda"), torch.randn(192, 256, device="cuda") / 16
     assert KERNEL_FOR(x, w) == "sm90_pingpong_128x128"

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import customops
-
 from conftest import HAS_CUDA
 
 pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
 
 def test_cuda_graph_captures_forward_and_backward():
     # Whole-network capture as in the CUDA graphs section of the CUDA semantics notes.
@@ -30,7 +30,9 @@ def test_cuda_graph_captures_forward_and_backward():
     with torch.cuda.graph(graph):
         static_loss = model(static_x).sum()
         static_loss.backward()
-    ref_model = torch.nn.Sequential(torch.nn.Linear(40, 32), torch.nn.Sigmoid(), torch.nn.Linear(32, 8), torch.nn.Sigmoid())
+    ref_model = torch.nn.Sequential(
+        torch.nn.Linear(40, 32), torch.nn.Sigmoid(), torch.nn.Linear(32, 8), torch.nn.Sigmoid()
+    )
     ref_model = ref_model.cuda().double()
     with torch.no_grad():
         for i, j in ((0, 0), (1, 2)):

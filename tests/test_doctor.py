@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import customops.doctor as doctor
-from customops.testing import OP_SPECS
-
 from conftest import HAS_CUDA
+from customops.testing import OP_SPECS
 
 
 def test_every_path_passes_on_this_machine(tmp_path):

@@ -28,7 +28,10 @@ from customops.export import (
 from customops.nn import FusedLinearSigmoid
 
 # The main job's model factory, named by file as a user's would be.
-DIGITS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_digits.py") + ":make_model"
+DIGITS = (
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "train_digits.py")
+    + ":make_model"
+)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
@@ -215,7 +218,7 @@ def test_failed_export_model_leaves_no_files(tmp_path):
     # The TorchScript file is written before torch.export fails for the .pt2: it must go too,
     # while a file of an earlier export stays as it was.
     (tmp_path / "model.pt2").write_bytes(b"earlier")
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017  (torch's exception type varies across versions)
         export_model(DataDependent(), torch.randn(4, 3), str(tmp_path), formats=("pt", "pt2"))
     assert os.listdir(tmp_path) == ["model.pt2"]
     assert (tmp_path / "model.pt2").read_bytes() == b"earlier"
@@ -238,7 +241,7 @@ def test_failed_torchscript_export_leaves_nothing(tmp_path):
         def forward(self, *xs):
             return customops.sigmoid(xs[0])
 
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017  (torch's exception type varies across versions)
         export_torchscript(Unscriptable(), None, str(tmp_path / "m.pt"))
     assert os.listdir(tmp_path) == []
 
@@ -255,8 +258,12 @@ def test_onnx_external_data_lands_beside_the_model(model, tmp_path, monkeypatch)
     monkeypatch.setattr(_onnx_program, "_LARGE_MODEL_THRESHOLD", 0)
     path = export_onnx(model, torch.randn(8, 12), str(tmp_path / "m.onnx"))
     assert sorted(os.listdir(tmp_path)) == ["m.onnx", "m.onnx.data"]
-    locations = {entry.value for t in onnx.load(path, load_external_data=False).graph.initializer
-                 for entry in t.external_data if entry.key == "location"}
+    locations = {
+        entry.value
+        for t in onnx.load(path, load_external_data=False).graph.initializer
+        for entry in t.external_data
+        if entry.key == "location"
+    }
     assert locations == {"m.onnx.data"}
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     x = torch.randn(3, 12)
@@ -330,15 +337,34 @@ def test_missing_and_corrupt_files_give_clear_errors(tmp_path):
 
 def test_aoti_export_of_an_input_without_batch_dimension_says_so(model, tmp_path):
     # A 1-D example (64,) makes export mark the features as the batch, which the model fixes.
-    with pytest.raises(ValueError, match=r"fixes dim 0 of an input.*shapes are \[\[12\]\]; a 1-D input has no batch dimension"):
+    with pytest.raises(
+        ValueError, match=r"fixes dim 0 of an input.*shapes are \[\[12\]\]; a 1-D input has no batch dimension"
+    ):
         export_aoti(model, torch.randn(12), str(tmp_path / "m.pt2"))
     assert os.listdir(tmp_path) == []
 
 
 def test_command_line_input_shape_without_batch_dimension(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "customops.export", DIGITS, "--input-shape",
-                          "64", "--formats", "pt2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 1 and "a 1-D input has no batch dimension" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "customops.export",
+            DIGITS,
+            "--input-shape",
+            "64",
+            "--formats",
+            "pt2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert (
+        out.returncode == 1 and "a 1-D input has no batch dimension" in out.stderr and "Traceback" not in out.stderr
+    ), out.stderr
 
 
 def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
@@ -365,8 +391,7 @@ def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
         (["no_colon", "--input-shape", "8,64"], "package.module:callable"),
         ([DIGITS, "--input-shape", "8,64", "--dynamic", "0,x"], "dimension indices"),
         ([DIGITS, "--input-shape", "8,64", "--dynamic", "0,2"], "dimensions 0..1"),
-        ([DIGITS, "--input-shape", "8,64", "--state-dict", "/nonexistent/w.pt"],
-         "cannot load it with torch.load"),
+        ([DIGITS, "--input-shape", "8,64", "--state-dict", "/nonexistent/w.pt"], "cannot load it with torch.load"),
     ],
 )
 def test_command_line_errors_are_messages_not_tracebacks(args, message):
@@ -377,16 +402,34 @@ def test_command_line_errors_are_messages_not_tracebacks(args, message):
 def test_command_line_refuses_a_state_dict_that_does_not_fit(tmp_path):
     path = str(tmp_path / "w.pt")
     torch.save({"not_a_parameter": torch.zeros(1)}, path)
-    out = subprocess.run([sys.executable, "-m", "customops.export", DIGITS, "--input-shape",
-                          "8,64", "--state-dict", path], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "customops.export", DIGITS, "--input-shape", "8,64", "--state-dict", path],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2 and "does not fit the model" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_command_line(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "customops.export", DIGITS, "--input-shape", "4,64",
-         "--formats", "pt", "onnx", "--out", str(tmp_path), "--name", "digits"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "customops.export",
+            DIGITS,
+            "--input-shape",
+            "4,64",
+            "--formats",
+            "pt",
+            "onnx",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "digits",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr
     assert os.path.isfile(tmp_path / "digits.pt") and os.path.isfile(tmp_path / "digits.onnx")
@@ -397,9 +440,24 @@ def test_command_line_dynamic_dims(tmp_path):
     pytest.importorskip("onnxscript")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")])))
     out = subprocess.run(
-        [sys.executable, "-m", "customops.export", "test_export:make_sequence_model", "--input-shape", "3,4,6",
-         "--dynamic", "0,1", "--formats", "onnx", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, env=env,
+        [
+            sys.executable,
+            "-m",
+            "customops.export",
+            "test_export:make_sequence_model",
+            "--input-shape",
+            "3,4,6",
+            "--dynamic",
+            "0,1",
+            "--formats",
+            "onnx",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     dims = onnx.load(str(tmp_path / "model.onnx")).graph.input[0].type.tensor_type.shape.dim
@@ -412,7 +470,9 @@ def test_cli_without_onnx_packages_says_what_to_install(tmp_path, monkeypatch, c
     from customops.export.__main__ import main
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a)
+    )
     with pytest.raises(SystemExit) as exit_info:
         main([DIGITS, "--input-shape", "4,64", "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2

@@ -24,7 +24,11 @@ def test_larger_shapes_hit_vector_and_tail_paths(device, dtype):
     # out_features 24 (rows a multiple of 8 elements) and 29 (not). At 129 rows both devices run
     # linear_sigmoid_aten (ATen's addmm, then sigmoid_); 16-bit accumulates in float32.
     for n in (24, 29):
-        x, w, b = torch.randn(129, 300, device=device, dtype=dtype), torch.randn(n, 300, device=device, dtype=dtype), None
+        x, w, b = (
+            torch.randn(129, 300, device=device, dtype=dtype),
+            torch.randn(n, 300, device=device, dtype=dtype),
+            None,
+        )
         b = torch.randn(n, device=device, dtype=dtype)
         out = op(x, w / 10, b)
         assert_close_ref(out, reference(x, w / 10, b), dtype)
@@ -74,7 +78,9 @@ def test_output_and_grads_are_fresh_tensors_not_views(device):
     y = op(x, w, None)
     assert not y._is_view()
     y.add_(1)  # in-place on the output works as on any fresh tensor (as F.linear's output does)
-    gx, gw, gb = op_bw(torch.ones(2, 3, 4, device=device), x.detach(), w, torch.rand(2, 3, 4, device=device), [True, True, True])
+    gx, gw, gb = op_bw(
+        torch.ones(2, 3, 4, device=device), x.detach(), w, torch.rand(2, 3, 4, device=device), [True, True, True]
+    )
     assert not any(t._is_view() for t in (gx, gw, gb))
 
 

@@ -39,7 +39,7 @@ def _modules():
 @pytest.mark.parametrize("spec", OP_SPECS, ids=lambda s: s.name)
 def test_op_sits_in_its_modules_folder(spec):
     module = _modules().get(spec.name)
-    assert module, f"no schema m.def(\"{spec.name}(...\") after a set_python_module in csrc/registration.cpp"
+    assert module, f'no schema m.def("{spec.name}(...") after a set_python_module in csrc/registration.cpp'
     fake = _read("customops", "ops", f"{module}.py")
     assert f'register_fake("customops::{spec.name}")' in fake, f"customops/ops/{module}.py has no fake kernel"
     for suffix in ("cpu.cpp", "cuda.cu", "autograd.cpp"):
@@ -51,4 +51,6 @@ def test_op_sits_in_its_modules_folder(spec):
 
 def test_no_kernel_folder_without_an_op():
     folders = {d for d in os.listdir(os.path.join(ROOT, "csrc", "ops")) if d != "common"}
-    assert folders <= set(_modules().values()), f"csrc/ops folders that own no schema: {folders - set(_modules().values())}"
+    assert folders <= set(_modules().values()), (
+        f"csrc/ops folders that own no schema: {folders - set(_modules().values())}"
+    )

@@ -21,7 +21,9 @@ def test_library_has_no_libpython_dependency():
     path = customops.library_path()
     needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout
     assert "libpython" not in needed
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", path], capture_output=True, text=True, check=True).stdout
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", path], capture_output=True, text=True, check=True
+    ).stdout
     python_symbols = [line for line in undefined.splitlines() if line.split()[-1].startswith(("Py", "_Py"))]
     assert python_symbols == []
     assert "libtorch" in needed or "libc10" in needed  # ldd did read it

@@ -9,7 +9,15 @@ def test_main_job_trains_and_all_forms_agree(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "train_digits.py"), "--epochs", "8", "--device", "cpu", "--no-progress"],
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "train_digits.py"),
+            "--epochs",
+            "8",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -23,8 +23,14 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(customops.__fil
 def _python(code: str, timeout: int = 120) -> subprocess.CompletedProcess:
     """Runs code in a fresh interpreter that imports this customops (cwd: outside the tree)."""
     env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=os.path.dirname(REPO))
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=os.path.dirname(REPO),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +84,9 @@ def test_library_built_against_another_torch_names_both_versions(tmp_path):
     info = package / "lib" / "build_info.json"
     info.write_text(info.read_text().replace(f'"{torch.__version__}"', '"2.99.0+other"'))
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", "import customops"], capture_output=True, text=True, env=env,
-                         cwd=str(tmp_path))
+    out = subprocess.run(
+        [sys.executable, "-c", "import customops"], capture_output=True, text=True, env=env, cwd=str(tmp_path)
+    )
     assert out.returncode == 1
     message = out.stderr.strip().splitlines()[-1]
     assert message.startswith("ImportError: "), out.stderr
@@ -165,10 +172,17 @@ def test_default_cuda_build_covers_torch_s_architectures():
 @pytest.mark.skipif(not os.path.isfile(os.path.join(REPO, "setup.py")), reason="needs the source tree (setup.py)")
 def test_isolated_build_stops_at_once_without_a_second_torch(tmp_path):
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.so", "bin",
-                                                             "__pycache__", "*.egg-info"))
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
-                         capture_output=True, text=True, timeout=600)
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.so", "bin", "__pycache__", "*.egg-info"),
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     log = out.stdout + out.stderr
     assert out.returncode != 0, log
     if "No matching distribution found for setuptools" in log:

@@ -32,7 +32,7 @@ OURS_RACE = (
     "<c10::BFloat16, (int)1, (int)1>(customops::fls_cuda::<unnamed>::Args)+0x3730\n"
 )
 OURS_RACE_WARNING = "========= Warning: Race reported between Read access at void customops::cuda::elementwise_kernel<float>(int)+0x40\n"
-API_ERROR = "========= Program hit cudaErrorInvalidValue (error 1) due to \"invalid argument\" on CUDA API call to cudaMemcpyAsync.\n"
+API_ERROR = '========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on CUDA API call to cudaMemcpyAsync.\n'
 PYTEST = "=============================== warnings summary ===============================\n124 passed in 8.1s\n"
 
 
@@ -51,7 +51,9 @@ def test_reports_only_in_other_libraries_are_listed_and_pass(tmp_path, tool, tex
     assert f"reports in other libraries' kernels: {1 if text else 0}" in proc.stdout
 
 
-@pytest.mark.parametrize("tool,ours", [("memcheck", OURS_MEMCHECK), ("racecheck", OURS_RACE), ("racecheck", OURS_RACE_WARNING)])
+@pytest.mark.parametrize(
+    "tool,ours", [("memcheck", OURS_MEMCHECK), ("racecheck", OURS_RACE), ("racecheck", OURS_RACE_WARNING)]
+)
 def test_a_report_in_our_kernel_fails(tmp_path, tool, ours):
     other = CUBLAS_RACE if tool == "racecheck" else ATEN_MEMCHECK
     proc = _run(tmp_path, tool, other + ours)
@@ -69,6 +71,8 @@ def test_reports_it_cannot_attribute_fail(tmp_path):
 
 def test_every_initcheck_report_fails(tmp_path):
     # initcheck names the reader, so an output our kernel left unwritten shows up in ATen's kernel.
-    proc = _run(tmp_path, "initcheck", ATEN_MEMCHECK.replace("Invalid __global__ read", "Uninitialized __global__ memory read"))
+    proc = _run(
+        tmp_path, "initcheck", ATEN_MEMCHECK.replace("Invalid __global__ read", "Uninitialized __global__ memory read")
+    )
     assert proc.returncode == 1 and "names the reader" in proc.stdout, proc.stdout
     assert _run(tmp_path, "initcheck", "").returncode == 0

@@ -218,8 +218,12 @@ def test_sum_of_many_elements_and_determinism(device):
     mean = op(x, t, reduction="mean")
     torch.testing.assert_close(mean.double(), ref / x.numel(), atol=0, rtol=1e-5)
     # The same on a misaligned view (the scalar loop).
-    torch.testing.assert_close(op(x[1:], t[1:], reduction="sum").double(), ref - torchvision_sigmoid_focal_loss(
-        x[:1].double(), t[:1].double(), reduction="sum"), atol=0, rtol=1e-5)
+    torch.testing.assert_close(
+        op(x[1:], t[1:], reduction="sum").double(),
+        ref - torchvision_sigmoid_focal_loss(x[:1].double(), t[:1].double(), reduction="sum"),
+        atol=0,
+        rtol=1e-5,
+    )
 
 
 # --- autograd -------------------------------------------------------------------------------
@@ -298,7 +302,8 @@ def test_library_alone_has_autograd():
         "import sys; assert 'customops' not in sys.modules\n"
         "x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)\n"
         "t = torch.rand(3, 5, dtype=torch.float64, requires_grad=True)\n"
-        "assert torch.autograd.gradcheck(lambda x, t: torch.ops.customops.sigmoid_focal_loss(x, t, 0.25, 2.0, 'mean'), (x, t))\n"
+        "op = torch.ops.customops.sigmoid_focal_loss\n"
+        "assert torch.autograd.gradcheck(lambda x, t: op(x, t, 0.25, 2.0, 'mean'), (x, t))\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -375,7 +380,7 @@ def test_export_dynamic_batch_and_save_load(device, reduction, tmp_path):
     assert [str(n.target) for n in nodes] == ["customops.sigmoid_focal_loss.default"]
     # (Export leaves out arguments equal to the schema's defaults.)
     schema_args = nodes[0].target._schema.arguments
-    args = list(nodes[0].args) + [a.default_value for a in schema_args[len(nodes[0].args):]]
+    args = list(nodes[0].args) + [a.default_value for a in schema_args[len(nodes[0].args) :]]
     assert args[2:] == [0.4, 1.5, reduction]
     path = tmp_path / "focal.pt2"
     torch.export.save(ep, str(path))
@@ -441,11 +446,14 @@ def test_cuda_matches_cpu(dtype):
     # The same formulas on both backends: elementwise results agree to rounding.
     x, t = make_pair("contiguous", "cuda", dtype)
     for reduction in REDUCTIONS:
-        torch.testing.assert_close(op(x, t, 0.25, 2.0, reduction).cpu(), op(x.cpu(), t.cpu(), 0.25, 2.0, reduction),
-                                   **TOL[dtype])
+        torch.testing.assert_close(
+            op(x, t, 0.25, 2.0, reduction).cpu(), op(x.cpu(), t.cpu(), 0.25, 2.0, reduction), **TOL[dtype]
+        )
         g = torch.ones((), device="cuda", dtype=dtype) if reduction != "none" else torch.ones_like(x)
-        for a, b in zip(op_bw(g, x, t, 0.25, 2.0, reduction, [True, True]),
-                        op_bw(g.cpu(), x.cpu(), t.cpu(), 0.25, 2.0, reduction, [True, True])):
+        for a, b in zip(
+            op_bw(g, x, t, 0.25, 2.0, reduction, [True, True]),
+            op_bw(g.cpu(), x.cpu(), t.cpu(), 0.25, 2.0, reduction, [True, True]),
+        ):
             torch.testing.assert_close(a.cpu(), b, **grads_tol(dtype))
 
 
@@ -473,7 +481,8 @@ def test_cuda_past_2_pow_31_elements():
     torch.testing.assert_close(gx[tail].double(), ref_tail, **TOL[torch.bfloat16])
     del gx
     out = op(x, t)
-    torch.testing.assert_close(out[tail].double(), torchvision_sigmoid_focal_loss(x[tail].double(), t[tail].double()),
-                               **TOL[torch.bfloat16])
+    torch.testing.assert_close(
+        out[tail].double(), torchvision_sigmoid_focal_loss(x[tail].double(), t[tail].double()), **TOL[torch.bfloat16]
+    )
     del out
     torch.cuda.empty_cache()

@@ -57,7 +57,12 @@ def test_loading_without_the_library_names_the_op(tmp_path):
     assert bare.returncode != 0
     assert "customops::" in bare.stderr, bare.stderr[-2000:]
     ours = subprocess.run(
-        [sys.executable, "-c", f"import customops.export as e; print(e.load_torchscript({str(path)!r})(__import__('torch').randn(2, 12)).shape)"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import torch, customops.export as e; print(e.load_torchscript({str(path)!r})(torch.randn(2, 12)).shape)",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert ours.returncode == 0 and "torch.Size([2, 4])" in ours.stdout, ours.stderr[-2000:]

@@ -87,8 +87,10 @@ def _dynamic_spec(example_inputs: Sequence[torch.Tensor], dynamic_dims: Sequence
 def _batch_hint(inputs) -> str:
     hint = f"The example inputs' shapes are {[list(t.shape) for t in inputs]}"
     if any(t.dim() == 1 for t in inputs):
-        hint += ("; a 1-D input has no batch dimension: give it one, e.g. shape (batch, 64) for a model of "
-                 "64 input features (--input-shape 8,64), not (64,)")
+        hint += (
+            "; a 1-D input has no batch dimension: give it one, e.g. shape (batch, 64) for a model of "
+            "64 input features (--input-shape 8,64), not (64,)"
+        )
     return hint + "."
 
 
@@ -110,7 +112,8 @@ def _export_program(model: nn.Module, inputs, dynamic_shapes):
             raise
         where = "; ".join(_describe_dim(n.strip()) for n in violated.group(1).split(","))
         raise ValueError(
-            f"customops: the model fixes {where}. " + _batch_hint(inputs)
+            f"customops: the model fixes {where}. "
+            + _batch_hint(inputs)
             + f"\n(torch.export: {str(e).splitlines()[0]})"
         ) from e
 
@@ -150,8 +153,9 @@ def _quiet_export() -> Iterator[None]:
     """Hides a deprecation notice that torch.export raises from its own pytree code (torch 2.11
     to 2.14: "`isinstance(treespec, LeafSpec)` is deprecated"): nothing a caller can act on."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
-                                category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+        )
         yield
 
 
@@ -161,8 +165,9 @@ def _quiet_torchscript() -> Iterator[None]:
     or DeprecationWarning, by torch version): TorchScript is a supported format here."""
     with warnings.catch_warnings():
         for category in (FutureWarning, DeprecationWarning):
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` (is deprecated|is not supported)",
-                                    category=category)
+            warnings.filterwarnings(
+                "ignore", message=r"`torch\.jit\.\w+` (is deprecated|is not supported)", category=category
+            )
         yield
 
 
@@ -203,15 +208,21 @@ def export_torchscript(model: nn.Module, example_inputs, path: str, trace: bool 
 def _inputs_metadata(inputs: Sequence[torch.Tensor], ranges) -> str:
     """The :data:`INPUTS_METADATA_KEY` entry for ``inputs`` with dynamic ``ranges``."""
     return "|".join(
-        _dtype_name(t.dtype) + ":" + ",".join(
-            f"{r[d][0]}-{r[d][1]}" if d in r else str(s) for d, s in enumerate(t.shape)
-        )
+        _dtype_name(t.dtype)
+        + ":"
+        + ",".join(f"{r[d][0]}-{r[d][1]}" if d in r else str(s) for d, s in enumerate(t.shape))
         for t, r in zip(inputs, ranges)
     )
 
 
-def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH,
-                dynamic_dims: Sequence[int] = (0,), max_dim: int = DEFAULT_MAX_DIM) -> str:
+def export_aoti(
+    model: nn.Module,
+    example_inputs,
+    path: str,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    dynamic_dims: Sequence[int] = (0,),
+    max_dim: int = DEFAULT_MAX_DIM,
+) -> str:
     """Writes an AOTInductor package (``.pt2``): ``torch.export.export`` with dynamic dims as
     in :func:`export_model`, then ``torch._inductor.aoti_compile_and_package``. The package is
     compiled for the device of ``example_inputs`` and takes row-major inputs; it records the
@@ -235,8 +246,14 @@ def export_aoti(model: nn.Module, example_inputs, path: str, max_batch: int = DE
     return os.fspath(path)
 
 
-def export_onnx(model: nn.Module, example_inputs, path: str, max_batch: int = DEFAULT_MAX_BATCH,
-                dynamic_dims: Sequence[int] = (0,), max_dim: int = DEFAULT_MAX_DIM) -> str:
+def export_onnx(
+    model: nn.Module,
+    example_inputs,
+    path: str,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    dynamic_dims: Sequence[int] = (0,),
+    max_dim: int = DEFAULT_MAX_DIM,
+) -> str:
     """Writes ONNX through ``torch.onnx.export(dynamo=True)`` with customops' translation table:
     standard-domain ops only, dynamic dims as in :func:`export_model`, runnable in a stock
     onnxruntime. Needs ``onnx`` and ``onnxscript``. Returns ``path`` (large models also write
@@ -370,8 +387,11 @@ def _check_inputs(path: str, spec, tensors: Sequence[torch.Tensor]) -> None:
             f"customops: AOTInductor package {path!r} takes {len(spec)} tensor inputs, got {len(tensors)}"
         )
     for i, (t, (dtype, sizes)) in enumerate(zip(tensors, spec)):
-        if (_dtype_name(t.dtype) != dtype or t.dim() != len(sizes)
-                or any(not lo <= s <= hi for s, (lo, hi) in zip(t.shape, sizes))):
+        if (
+            _dtype_name(t.dtype) != dtype
+            or t.dim() != len(sizes)
+            or any(not lo <= s <= hi for s, (lo, hi) in zip(t.shape, sizes))
+        ):
             raise RuntimeError(
                 f"customops: AOTInductor package {path!r} refused input {i} of shape {list(t.shape)} and dtype "
                 f"{_dtype_name(t.dtype)}: it expects {_describe(dtype, sizes)}"
@@ -402,8 +422,9 @@ def load_aoti(path: str):
     try:
         spec = None if recorded is None else _parse_inputs_metadata(recorded)
     except ValueError as e:
-        raise RuntimeError(f"customops: AOTInductor package {path!r} has malformed {INPUTS_METADATA_KEY} "
-                           f"metadata {recorded!r}") from e
+        raise RuntimeError(
+            f"customops: AOTInductor package {path!r} has malformed {INPUTS_METADATA_KEY} metadata {recorded!r}"
+        ) from e
 
     def run(*args, **kwargs):
         if spec is not None:

@@ -4,7 +4,8 @@
         [--dynamic 0,1] [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model]
 
 MODEL is ``package.module:callable`` or ``path/to/file.py:callable``; the callable returns the
-nn.Module (its weights then come from --state-dict, a torch.save'd state_dict). --input-shape gives one example input; --dynamic
+nn.Module (its weights then come from --state-dict, a torch.save'd state_dict). --input-shape
+gives one example input; --dynamic
 lists its dimensions exported as dynamic: by default 0, the batch (1..65536); any other
 dimension listed gets 1..65536.
 """
@@ -44,7 +45,8 @@ def main(argv=None) -> int:
     parser.add_argument("model", help="package.module:callable or file.py:callable returning the nn.Module")
     parser.add_argument("--input-shape", required=True, help="example input shape, e.g. 8,64")
     parser.add_argument(
-        "--dynamic", default="0",
+        "--dynamic",
+        default="0",
         help=f"comma-separated dimensions of the input exported as dynamic, e.g. 0,1 (default 0: the batch, "
         f"1..{DEFAULT_MAX_BATCH}; others 1..{DEFAULT_MAX_DIM})",
     )
@@ -68,15 +70,18 @@ def main(argv=None) -> int:
     except ValueError:
         parser.error(f"--dynamic must be comma-separated dimension indices such as 0,1, got {args.dynamic!r}")
     if any(d < 0 or d >= len(shape) for d in dynamic):
-        parser.error(f"--dynamic {args.dynamic}: the input has dimensions 0..{len(shape) - 1} "
-                     f"(--input-shape {args.input_shape})")
+        parser.error(
+            f"--dynamic {args.dynamic}: the input has dimensions 0..{len(shape) - 1} (--input-shape {args.input_shape})"
+        )
     if "onnx" in args.formats:
         import importlib.util
 
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
-            parser.error(f"ONNX export needs {' and '.join(missing)}: pip install 'customops[export]' "
-                         "(or onnx onnxscript), or leave ONNX out with --formats pt pt2")
+            parser.error(
+                f"ONNX export needs {' and '.join(missing)}: pip install 'customops[export]' "
+                "(or onnx onnxscript), or leave ONNX out with --formats pt pt2"
+            )
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device is available")
     model = _load_model(parser, args.model)

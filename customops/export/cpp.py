@@ -11,8 +11,9 @@ import torch
 from .._library import server_path
 
 
-def run_serve(binary: Optional[str], model_path: str, x: torch.Tensor, work_dir: str, runs: int = 50,
-              device: Optional[str] = None) -> Tuple[torch.Tensor, float, float]:
+def run_serve(
+    binary: Optional[str], model_path: str, x: torch.Tensor, work_dir: str, runs: int = 50, device: Optional[str] = None
+) -> Tuple[torch.Tensor, float, float]:
     """Runs customops_serve (``binary``, default the package's) on x; returns (output, median ms,
     p99 ms). Raises RuntimeError with the server's message when it fails."""
     inp, outp = os.path.join(work_dir, "serve_in.pt"), os.path.join(work_dir, "serve_out.pt")

@@ -11,7 +11,6 @@ from torch import Tensor
 
 from ._fake import check_same_shape
 
-
 __all__ = ["add"]
 
 

@@ -10,7 +10,6 @@ from torch import Tensor
 
 from ._fake import check_same_shape
 
-
 __all__ = ["fused_linear_sigmoid"]
 
 
@@ -53,21 +52,27 @@ def fused_linear_sigmoid(x: Tensor, weight: Tensor, bias: Optional[Tensor] = Non
 
 
 def _check_shapes(x, weight, bias):
-    torch._check(x.dim() >= 1, lambda: "customops: expected x to have shape (*, in_features), but got a 0-dimensional tensor")
+    torch._check(
+        x.dim() >= 1, lambda: "customops: expected x to have shape (*, in_features), but got a 0-dimensional tensor"
+    )
     torch._check(
         weight.dim() == 2,
         lambda: f"customops: expected weight to be 2-D (out_features, in_features), but got shape {list(weight.shape)}",
     )
     torch._check(
         x.shape[-1] == weight.shape[1],
-        lambda: f"customops: expected x.shape[-1] (in_features) to equal weight.shape[1] = {weight.shape[1]}, "
-        f"but got x of shape {list(x.shape)}",
+        lambda: (
+            f"customops: expected x.shape[-1] (in_features) to equal weight.shape[1] = {weight.shape[1]}, "
+            f"but got x of shape {list(x.shape)}"
+        ),
     )
     if bias is not None:
         torch._check(
             bias.dim() == 1 and bias.shape[0] == weight.shape[0],
-            lambda: f"customops: expected bias to have shape (out_features,) = ({weight.shape[0]},), "
-            f"but got shape {list(bias.shape)}",
+            lambda: (
+                f"customops: expected bias to have shape (out_features,) = ({weight.shape[0]},), "
+                f"but got shape {list(bias.shape)}"
+            ),
         )
 
 
@@ -84,8 +89,10 @@ def _fused_linear_sigmoid_backward_fake(grad_out, x, weight, y, output_mask):
     y_shape = (*x.shape[:-1], weight.shape[0])
     torch._check(
         y.dim() == len(y_shape) and all(a == b for a, b in zip(y.shape, y_shape)),
-        lambda: f"customops: expected y to have shape {list(y_shape)} (x.shape[:-1] + (out_features,)), "
-        f"but got {list(y.shape)}",
+        lambda: (
+            f"customops: expected y to have shape {list(y_shape)} (x.shape[:-1] + (out_features,)), "
+            f"but got {list(y.shape)}"
+        ),
     )
     grad_x = x.new_empty(x.shape) if output_mask[0] else x.new_empty(0)
     grad_weight = x.new_empty(weight.shape) if output_mask[1] else x.new_empty(0)

@@ -8,7 +8,6 @@ from torch import Tensor
 
 from ._fake import check_same_shape
 
-
 __all__ = ["sigmoid", "sigmoid_backward"]
 
 

@@ -97,8 +97,10 @@ def _sigmoid_focal_loss_backward_fake(grad_out, inputs, targets, alpha, gamma, r
     else:
         torch._check(
             grad_out.dim() == 0,
-            lambda: f"customops: expected grad_out to be 0-dimensional (reduction '{reduction}'), "
-            f"but got shape {list(grad_out.shape)}",
+            lambda: (
+                f"customops: expected grad_out to be 0-dimensional (reduction '{reduction}'), "
+                f"but got shape {list(grad_out.shape)}"
+            ),
         )
 
     def grad(needed):

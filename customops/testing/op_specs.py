@@ -168,8 +168,11 @@ def fused_linear_sigmoid_errors(device):
     yield ErrorInput(SampleInput((x, w.bool(), b)), "weight", ("floating dtype", "torch.bool"))
     yield ErrorInput(SampleInput((x, w.double(), b)), "weight", ("dtype of x", "torch.float32", "torch.float64"))
     yield ErrorInput(SampleInput((x, w, b.half())), "bias", ("dtype of x", "torch.float16"))
-    yield ErrorInput(SampleInput((torch.randn(4, 5, device=device), w, b)), "x.shape[-1]",
-                     ("in_features", "weight.shape[1] = 8", "[4, 5]"))
+    yield ErrorInput(
+        SampleInput((torch.randn(4, 5, device=device), w, b)),
+        "x.shape[-1]",
+        ("in_features", "weight.shape[1] = 8", "[4, 5]"),
+    )
     yield ErrorInput(SampleInput((x, w[0], b)), "weight", ("2-D", "[8]"))
     yield ErrorInput(SampleInput((x, w, torch.randn(4, device=device))), "bias", ("(out_features,) = (3,)", "[4]"))
     yield ErrorInput(SampleInput((x, w, b[None])), "bias", ("(out_features,) = (3,)", "[1, 3]"))
@@ -267,8 +270,11 @@ def sigmoid_focal_loss_samples(device, dtype, requires_grad):
         inputs = torch.tensor([100.0, -100.0, 1e4, -1e4, 3.0, -3.0], dtype=torch.float64)
         targets = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
         big = dict(device=device, dtype=dtype)
-        yield SampleInput((inputs.to(**big), targets.to(**big)), {"alpha": 0.25, "gamma": 0.5, "reduction": "none"},
-                          name="large_logits")
+        yield SampleInput(
+            (inputs.to(**big), targets.to(**big)),
+            {"alpha": 0.25, "gamma": 0.5, "reduction": "none"},
+            name="large_logits",
+        )
 
 
 def sigmoid_focal_loss_backward_samples(device, dtype, requires_grad):
@@ -302,15 +308,22 @@ def sigmoid_focal_loss_backward_errors(device):
     x, t = torch.randn(4, 5, device=device), torch.rand(4, 5, device=device)
     g0 = torch.ones((), device=device)
     yield ErrorInput(SampleInput((g0, x, t, 0.25, 2.0, "none", [True, True])), "grad_out", ("shape of inputs", "[]"))
-    yield ErrorInput(SampleInput((x, x, t, 0.25, 2.0, "sum", [True, True])), "grad_out",
-                     ("0-dimensional", "'sum'", "[4, 5]"))
-    yield ErrorInput(SampleInput((g0.half(), x, t, 0.25, 2.0, "mean", [True, False])), "grad_out",
-                     ("dtype of inputs", "torch.float16"))
+    yield ErrorInput(
+        SampleInput((x, x, t, 0.25, 2.0, "sum", [True, True])), "grad_out", ("0-dimensional", "'sum'", "[4, 5]")
+    )
+    yield ErrorInput(
+        SampleInput((g0.half(), x, t, 0.25, 2.0, "mean", [True, False])),
+        "grad_out",
+        ("dtype of inputs", "torch.float16"),
+    )
     yield ErrorInput(SampleInput((g0, x, t, 0.25, 2.0, "max", [True, False])), "reduction", ("'max'",))
     yield ErrorInput(SampleInput((g0.int(), x, t, 0.25, 2.0, "sum", [True, False])), "grad_out", ("floating dtype",))
     if _other_device(device):
-        yield ErrorInput(SampleInput((g0.cpu(), x, t, 0.25, 2.0, "sum", [True, False])), "grad_out",
-                         ("device of inputs (cuda:0)", "but got cpu"))
+        yield ErrorInput(
+            SampleInput((g0.cpu(), x, t, 0.25, 2.0, "sum", [True, False])),
+            "grad_out",
+            ("device of inputs (cuda:0)", "but got cpu"),
+        )
 
 
 def sigmoid_focal_loss_backward_reference(grad_out, inputs, targets, alpha, gamma, reduction, output_mask):

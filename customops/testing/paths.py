@@ -53,13 +53,19 @@ def assert_matches_reference(spec: OpSpec, sample: SampleInput, out, dtype: torc
         assert o.shape == r.shape, f"{where}, output {i}: shape {list(o.shape)}, reference {list(r.shape)}"
         assert o.dtype == dtype, f"{where}, output {i}: dtype {o.dtype}, expected {dtype}"
         torch.testing.assert_close(
-            o.detach().cpu().double(), r.detach().cpu().double(), **spec.tolerance(dtype),
+            o.detach().cpu().double(),
+            r.detach().cpu().double(),
+            **spec.tolerance(dtype),
             msg=lambda m, i=i: f"{where}, output {i}: {m}",
         )
 
 
 def _samples(
-    spec: OpSpec, device: str, dtype: torch.dtype, requires_grad: bool = False, quick: bool = False,
+    spec: OpSpec,
+    device: str,
+    dtype: torch.dtype,
+    requires_grad: bool = False,
+    quick: bool = False,
     force_grad: bool = False,
 ) -> list:
     # An op that declares autograd unsupported (its derivative raises) is checked on the other
@@ -137,7 +143,9 @@ def check_opcheck(spec: OpSpec, device: str, quick: bool = False) -> None:
             try:
                 torch.library.opcheck(spec.op, sample.args, sample.kwargs)
             except Exception as e:
-                raise AssertionError(f"{spec.name}, sample {sample.name!r}, {dtype}, requires_grad={requires_grad}: {e}") from e
+                raise AssertionError(
+                    f"{spec.name}, sample {sample.name!r}, {dtype}, requires_grad={requires_grad}: {e}"
+                ) from e
 
 
 # --- torch.compile, torch.export -------------------------------------------------------------
@@ -387,8 +395,12 @@ def _configurations(spec: OpSpec, device: str) -> list:
     depends on those (a translation may branch on them), not on the tensors' sizes."""
     seen, firsts = set(), []
     for sample in spec.samples(device, torch.float32):
-        key = repr(([a for a in sample.args if not isinstance(a, torch.Tensor)],
-                    {k: v for k, v in sample.kwargs.items() if not isinstance(v, torch.Tensor)}))
+        key = repr(
+            (
+                [a for a in sample.args if not isinstance(a, torch.Tensor)],
+                {k: v for k, v in sample.kwargs.items() if not isinstance(v, torch.Tensor)},
+            )
+        )
         if key not in seen:
             seen.add(key)
             firsts.append(sample)
@@ -407,16 +419,23 @@ def check_onnx(spec: OpSpec, device: str = "cpu", quick: bool = False) -> None:
 
         from customops.export import ONNX_TRANSLATION_TABLE
     except ImportError as e:
-        raise NotApplicable(f"needs onnx, onnxscript and onnxruntime ({e.name} is not installed): "
-                            "pip install 'customops[export]' onnxruntime")
+        raise NotApplicable(
+            f"needs onnx, onnxscript and onnxruntime ({e.name} is not installed): "
+            "pip install 'customops[export]' onnxruntime"
+        ) from e
     for sample in _configurations(spec, "cpu")[: 1 if quick else None]:
         tensors = tuple(t.contiguous() for t in sample.tensors())
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             path = os.path.join(tmp, f"{spec.name}.onnx")
             torch.onnx.export(
-                OpModule(spec, sample), tensors, path, dynamo=True, custom_translation_table=ONNX_TRANSLATION_TABLE,
-                input_names=[f"in{i}" for i in range(len(tensors))], verbose=False,
+                OpModule(spec, sample),
+                tensors,
+                path,
+                dynamo=True,
+                custom_translation_table=ONNX_TRANSLATION_TABLE,
+                input_names=[f"in{i}" for i in range(len(tensors))],
+                verbose=False,
             )
             proto = onnx.load(path)
             onnx.checker.check_model(proto, full_check=True)
@@ -493,8 +512,13 @@ def _assert_grads(spec, sample, grads, ref_grads, dtype, what):
     for i, (g, r) in enumerate(zip(grads, ref_grads)):
         if r is None:
             continue
-        torch.testing.assert_close(g.double().cpu(), r.cpu(), atol=10 * tol["atol"], rtol=10 * tol["rtol"],
-                                   msg=lambda m, i=i: f"{spec.name} ({what}), sample {sample.name!r}, grad {i}: {m}")
+        torch.testing.assert_close(
+            g.double().cpu(),
+            r.cpu(),
+            atol=10 * tol["atol"],
+            rtol=10 * tol["rtol"],
+            msg=lambda m, i=i: f"{spec.name} ({what}), sample {sample.name!r}, grad {i}: {m}",
+        )
 
 
 def _with_grad(spec: OpSpec, sample: SampleInput) -> SampleInput:
@@ -538,7 +562,8 @@ def check_cuda_stream(spec: OpSpec, device: str, quick: bool = False) -> None:
 
 def check_cuda_graph(spec: OpSpec, device: str, quick: bool = False) -> None:
     """The op on the first sample captured in a CUDA graph, replayed three times with new
-    values (the sample drawn from other seeds) copied into the static inputs (float32 and bfloat16, where supported); then
+    values (the sample drawn from other seeds) copied into the static inputs (float32 and
+    bfloat16, where supported); then
     ``torch.compile(mode="reduce-overhead")`` (CUDA graphs through Inductor) over three calls
     with new inputs."""
     _need_device(device)
@@ -572,7 +597,9 @@ def check_cuda_graph(spec: OpSpec, device: str, quick: bool = False) -> None:
             out = compiled(*sample.args, **sample.kwargs)
             out = tuple(o.clone() for o in out) if isinstance(out, (tuple, list)) else out.clone()
             assert_matches_reference(spec, sample, out, torch.float32, f"reduce-overhead call {k}")
-        assert counters["inductor"]["cudagraph_skips"] == 0, f"{spec.name}: Inductor skipped CUDA graphs: {dict(counters['inductor'])}"
+        assert counters["inductor"]["cudagraph_skips"] == 0, (
+            f"{spec.name}: Inductor skipped CUDA graphs: {dict(counters['inductor'])}"
+        )
     finally:
         torch._dynamo.reset()
 
@@ -631,9 +658,17 @@ def run_path(
     if device not in PATHS[path]:
         raise NotApplicable(f"{path} runs on {', '.join(PATHS[path])} only")
     simple = {
-        "eager": check_eager, "autograd": check_autograd, "opcheck": check_opcheck, "compile": check_compile,
-        "export": check_export, "torchscript": check_torchscript, "onnx": check_onnx, "errors": check_errors,
-        "cuda_stream": check_cuda_stream, "cuda_graph": check_cuda_graph, "cuda_launch": check_cuda_launch,
+        "eager": check_eager,
+        "autograd": check_autograd,
+        "opcheck": check_opcheck,
+        "compile": check_compile,
+        "export": check_export,
+        "torchscript": check_torchscript,
+        "onnx": check_onnx,
+        "errors": check_errors,
+        "cuda_stream": check_cuda_stream,
+        "cuda_graph": check_cuda_graph,
+        "cuda_launch": check_cuda_launch,
     }
     if path in simple:
         simple[path](spec, device, quick=quick)

@@ -110,7 +110,9 @@ class OpSpec:
     def __post_init__(self):
         unknown = set(self.unsupported) - set(PATHS)
         if unknown:
-            raise ValueError(f"OpSpec {self.name!r}: unknown paths in unsupported: {sorted(unknown)}; paths: {list(PATHS)}")
+            raise ValueError(
+                f"OpSpec {self.name!r}: unknown paths in unsupported: {sorted(unknown)}; paths: {list(PATHS)}"
+            )
 
     @property
     def op(self) -> torch._ops.OpOverloadPacket:

@@ -19,8 +19,8 @@ at::Tensor add_cpu(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "customops::add", [&] {
     cpu::parallel_elementwise<scalar_t, 2>(
-        out.data_ptr<scalar_t>(), {a_c.const_data_ptr<scalar_t>(), b_c.const_data_ptr<scalar_t>()},
-        out.numel(), [](auto x, auto y) { return x + y; });
+        out.data_ptr<scalar_t>(), {a_c.const_data_ptr<scalar_t>(), b_c.const_data_ptr<scalar_t>()}, out.numel(),
+        [](auto x, auto y) { return x + y; });
   });
   return out;
 }

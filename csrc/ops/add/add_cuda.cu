@@ -25,8 +25,8 @@ at::Tensor add_cuda(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "customops::add", [&] {
     cuda::launch_elementwise<scalar_t, 2>(
-        "add_kernel", out.data_ptr<scalar_t>(),
-        {a_c.const_data_ptr<scalar_t>(), b_c.const_data_ptr<scalar_t>()}, out.numel(), AddOp{});
+        "add_kernel", out.data_ptr<scalar_t>(), {a_c.const_data_ptr<scalar_t>(), b_c.const_data_ptr<scalar_t>()},
+        out.numel(), AddOp{});
   });
   return out;
 }

@@ -13,7 +13,9 @@ namespace customops {
 // which is how double backward works.
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow((std::string("customops::") + name).c_str(), "").typed<Signature>();
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow((std::string("customops::") + name).c_str(), "")
+      .typed<Signature>();
 }
 
 }  // namespace customops

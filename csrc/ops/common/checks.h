@@ -62,35 +62,32 @@ inline std::string shape_str(at::IntArrayRef sizes) {
 inline void check_floating(const at::Tensor& t, const char* name) {
   const auto dt = t.scalar_type();
   TORCH_CHECK(
-      dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble,
-      "customops: expected ", name, " to have a floating dtype (float32, float16, bfloat16 or "
-      "float64), but got ", dtype_name(dt));
+      dt == at::kFloat || dt == at::kHalf || dt == at::kBFloat16 || dt == at::kDouble, "customops: expected ", name,
+      " to have a floating dtype (float32, float16, bfloat16 or "
+      "float64), but got ",
+      dtype_name(dt));
 }
 
-inline void check_same_dtype(
-    const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
+inline void check_same_dtype(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK(
-      t.scalar_type() == ref.scalar_type(), "customops: expected ", name, " to have the dtype of ",
-      ref_name, " (", dtype_name(ref.scalar_type()), "), but got ", dtype_name(t.scalar_type()));
+      t.scalar_type() == ref.scalar_type(), "customops: expected ", name, " to have the dtype of ", ref_name, " (",
+      dtype_name(ref.scalar_type()), "), but got ", dtype_name(t.scalar_type()));
 }
 
-inline void check_same_device(
-    const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
+inline void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK(
-      t.device() == ref.device(), "customops: expected ", name, " to be on the device of ",
-      ref_name, " (", ref.device().str(), "), but got ", t.device().str());
+      t.device() == ref.device(), "customops: expected ", name, " to be on the device of ", ref_name, " (",
+      ref.device().str(), "), but got ", t.device().str());
 }
 
-inline void check_same_shape(
-    const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
+inline void check_same_shape(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name) {
   TORCH_CHECK(
-      t.sizes() == ref.sizes(), "customops: expected ", name, " to have the shape of ", ref_name,
-      " ", shape_str(ref.sizes()), ", but got ", shape_str(t.sizes()));
+      t.sizes() == ref.sizes(), "customops: expected ", name, " to have the shape of ", ref_name, " ",
+      shape_str(ref.sizes()), ", but got ", shape_str(t.sizes()));
 }
 
 // The checks of a two-input elementwise op (same shape, dtype and device).
-inline void check_elementwise_pair(
-    const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
+inline void check_elementwise_pair(const at::Tensor& a, const char* a_name, const at::Tensor& b, const char* b_name) {
   check_floating(a, a_name);
   check_floating(b, b_name);
   check_same_device(b, b_name, a, a_name);

@@ -27,8 +27,8 @@ class LibraryInit {
 }  // namespace customops
 
 #define CUSTOMOPS_LIBRARY_IMPL(k, m) CUSTOMOPS_LIBRARY_IMPL_UID(k, m, C10_UID)
-#define CUSTOMOPS_LIBRARY_IMPL_UID(k, m, uid)                                                     \
-  static void C10_CONCATENATE(customops_library_impl_##k##_, uid)(torch::Library&);              \
-  static const ::customops::LibraryInit C10_CONCATENATE(customops_library_init_##k##_, uid)(   \
+#define CUSTOMOPS_LIBRARY_IMPL_UID(k, m, uid)                                                         \
+  static void C10_CONCATENATE(customops_library_impl_##k##_, uid)(torch::Library&);                   \
+  static const ::customops::LibraryInit C10_CONCATENATE(customops_library_init_##k##_, uid)(          \
       &C10_CONCATENATE(customops_library_impl_##k##_, uid), c10::DispatchKey::k, __FILE__, __LINE__); \
   void C10_CONCATENATE(customops_library_impl_##k##_, uid)(torch::Library & m)

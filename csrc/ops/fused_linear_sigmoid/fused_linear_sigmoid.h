@@ -21,14 +21,14 @@ inline void check_fused_linear_sigmoid_args(
   check_floating(weight, "weight");
   check_same_device(weight, "weight", x, "x");
   check_same_dtype(weight, "weight", x, "x");
-  TORCH_CHECK(
-      x.dim() >= 1, "customops: expected x to have shape (*, in_features), but got a 0-dimensional tensor");
+  TORCH_CHECK(x.dim() >= 1, "customops: expected x to have shape (*, in_features), but got a 0-dimensional tensor");
   TORCH_CHECK(
       weight.dim() == 2, "customops: expected weight to be 2-D (out_features, in_features), but got shape ",
       shape_str(weight.sizes()));
   TORCH_CHECK(
-      x.size(-1) == weight.size(1), "customops: expected x.shape[-1] (in_features) to equal weight.shape[1] = ",
-      int_str(weight.size(1)), ", but got x of shape ", shape_str(x.sizes()));
+      x.size(-1) == weight.size(1),
+      "customops: expected x.shape[-1] (in_features) to equal weight.shape[1] = ", int_str(weight.size(1)),
+      ", but got x of shape ", shape_str(x.sizes()));
   if (bias.has_value()) {
     check_floating(*bias, "bias");
     check_same_device(*bias, "bias", x, "x");
@@ -88,14 +88,14 @@ at::Tensor fused_linear_sigmoid_forward_impl(
   const int64_t rows = leading_rows(x);
   const int64_t in_features = weight.size(1);
   const int64_t out_features = weight.size(0);
-  at::Tensor out = at::empty(
-      fused_linear_sigmoid_output_shape(x, weight), x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out =
+      at::empty(fused_linear_sigmoid_output_shape(x, weight), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() > 0) {
     at::Tensor out2d = out.view({rows, out_features});
     // reshape copies only where the strides demand it.
     linear_sigmoid(
-        x.reshape({rows, in_features}), weight, bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : c10::nullopt,
-        out2d);
+        x.reshape({rows, in_features}), weight,
+        bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : c10::nullopt, out2d);
   }
   return out;
 }

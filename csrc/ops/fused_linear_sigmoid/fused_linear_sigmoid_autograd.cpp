@@ -26,8 +26,8 @@ using torch::autograd::variable_list;
 using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 at::Tensor forward_op(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>("fused_linear_sigmoid");
+  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&)>(
+      "fused_linear_sigmoid");
   return op.call(x, weight, bias);
 }
 
@@ -104,8 +104,7 @@ class FusedLinearSigmoidFunction : public torch::autograd::Function<FusedLinearS
         ctx->needs_input_grad(0), ctx->needs_input_grad(1),
         ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)};
     auto [grad_x, grad_weight, grad_bias] = backward_op(grads[0], saved[0], saved[1], saved[2], mask);
-    return {
-        mask[0] ? grad_x : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), mask[2] ? grad_bias : at::Tensor()};
+    return {mask[0] ? grad_x : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), mask[2] ? grad_bias : at::Tensor()};
   }
 };
 

@@ -18,7 +18,6 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
-
 #include "../common/cuda_utils.cuh"
 #include "../common/math.h"
 #include "../sigmoid/sigmoid.h"
@@ -31,9 +30,9 @@ namespace fls_cuda {
 
 #ifdef CUSTOMOPS_WITH_CUTLASS
 namespace sm90 {
-#define CUSTOMOPS_DECLARE_SM90(NAME)                                                                        \
-  void run_##NAME(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, \
-                  at::Tensor& out2d);
+#define CUSTOMOPS_DECLARE_SM90(NAME) \
+  void run_##NAME(                   \
+      const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d);
 CUSTOMOPS_DECLARE_SM90(pingpong_128x128_bf16)
 CUSTOMOPS_DECLARE_SM90(pingpong_128x128_fp16)
 CUSTOMOPS_DECLARE_SM90(pingpong_128x128_epi64_bf16)
@@ -56,8 +55,9 @@ const char* kernel_name(Kernel k) {
   return "unknown";
 }
 
-constexpr Kernel kAllKernels[] = {Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128,
-                                   Kernel::kSm90Pingpong128Epi64, Kernel::kSm90Coop128x256};
+constexpr Kernel kAllKernels[] = {
+    Kernel::kGeneric, Kernel::kSmallM, Kernel::kSm90Pingpong128, Kernel::kSm90Pingpong128Epi64,
+    Kernel::kSm90Coop128x256};
 
 std::optional<Kernel> kernel_from_name(const std::string& name) {
   for (Kernel k : kAllKernels) {
@@ -80,8 +80,7 @@ bool sm90_compiled() {
 #endif
 }
 
-bool sm90_supported(
-    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+bool sm90_supported(Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   if (!sm90_compiled()) return false;
   if (k != Kernel::kSm90Pingpong128 && k != Kernel::kSm90Pingpong128Epi64 && k != Kernel::kSm90Coop128x256) {
     return false;
@@ -167,16 +166,12 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
 }
 
 void run_kernel(
-    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) {
+    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& out2d) {
   switch (k) {
-    case Kernel::kSmallM:
-      fls_cuda::small_m_forward(x2d, weight, bias, out2d);
-      break;
-    case Kernel::kGeneric:
-      linear_sigmoid_aten(x2d, weight, bias, out2d);
-      break;
-    default:
-      fls_cuda::sm90_forward(k, x2d, weight, bias, out2d);
+    case Kernel::kSmallM: fls_cuda::small_m_forward(x2d, weight, bias, out2d); break;
+    case Kernel::kGeneric: linear_sigmoid_aten(x2d, weight, bias, out2d); break;
+    default: fls_cuda::sm90_forward(k, x2d, weight, bias, out2d);
   }
 }
 
@@ -211,11 +206,12 @@ at::Tensor fused_linear_sigmoid_with_kernel_cuda(
   const c10::cuda::CUDAGuard device_guard(x.device());
   const std::string name(kernel.data(), kernel.size());
   const auto k = fls_cuda::kernel_from_name(name);
-  TORCH_CHECK(k.has_value(), "customops: expected kernel to be one of ", fls_cuda::kernel_names(), ", but got '",
-              name, "'");
+  TORCH_CHECK(
+      k.has_value(), "customops: expected kernel to be one of ", fls_cuda::kernel_names(), ", but got '", name, "'");
   const std::optional<at::Tensor> b = bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
-  TORCH_CHECK(can_run(*k, as_rows(x, weight), weight, b), "customops: kernel ", name, " cannot run x of shape ",
-              shape_str(x.sizes()), " and dtype ", dtype_name(x.scalar_type()), " on this GPU and build");
+  TORCH_CHECK(
+      can_run(*k, as_rows(x, weight), weight, b), "customops: kernel ", name, " cannot run x of shape ",
+      shape_str(x.sizes()), " and dtype ", dtype_name(x.scalar_type()), " on this GPU and build");
   return fused_linear_sigmoid_forward_impl(
       x, weight, bias,
       [k](const at::Tensor& x2d, const at::Tensor& w, const std::optional<at::Tensor>& bc, at::Tensor& out2d) {
@@ -262,8 +258,8 @@ __global__ void sigmoid_backward_colsum_kernel(
         vec_t gz;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          gz.v[j] = static_cast<scalar_t>(
-              sigmoid_backward(static_cast<float>(g[u].v[j]), static_cast<float>(yv[u].v[j])));
+          gz.v[j] =
+              static_cast<scalar_t>(sigmoid_backward(static_cast<float>(g[u].v[j]), static_cast<float>(yv[u].v[j])));
           acc[j] += static_cast<float>(gz.v[j]);  // the bias gradient sums the stored (rounded) grad_z, as eager does
         }
         *reinterpret_cast<vec_t*>(grad_z + r * cols + col) = gz;
@@ -297,25 +293,26 @@ std::pair<at::Tensor, at::Tensor> sigmoid_backward_and_bias_grad_cuda(
   }
   at::Tensor grad_z = at::empty_like(yc, yc.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor grad_bias;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, yc.scalar_type(), "customops::fused_linear_sigmoid_backward", [&] {
-    constexpr int kVec = cuda::vec_size<scalar_t>();
-    constexpr int kColsPerBlock = cuda::kThreads / kRowLanes * kVec;
-    const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
-    const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    // About eight blocks per SM, each with at least kUnroll rows per thread.
-    const int64_t row_groups = std::max<int64_t>(
-        1, std::min<int64_t>(
-               {(8 * sms + col_blocks - 1) / col_blocks, (rows + kRowLanes * kUnroll - 1) / (kRowLanes * kUnroll),
-                65535}));
-    at::Tensor partial = at::empty({row_groups, cols}, yc.options().dtype(at::kFloat));
-    sigmoid_backward_colsum_kernel<scalar_t, kVec>
-        <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)),
-           cuda::block_size("sigmoid_backward_colsum_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
-            g.const_data_ptr<scalar_t>(), yc.const_data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
-            partial.data_ptr<float>(), rows, cols);
-    CUSTOMOPS_CUDA_LAUNCH_CHECK("sigmoid_backward_colsum_kernel");
-    grad_bias = partial.sum(0).to(yc.scalar_type());
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, yc.scalar_type(), "customops::fused_linear_sigmoid_backward", [&] {
+        constexpr int kVec = cuda::vec_size<scalar_t>();
+        constexpr int kColsPerBlock = cuda::kThreads / kRowLanes * kVec;
+        const int64_t col_blocks = (cols + kColsPerBlock - 1) / kColsPerBlock;
+        const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+        // About eight blocks per SM, each with at least kUnroll rows per thread.
+        const int64_t row_groups = std::max<int64_t>(
+            1, std::min<int64_t>(
+                   {(8 * sms + col_blocks - 1) / col_blocks, (rows + kRowLanes * kUnroll - 1) / (kRowLanes * kUnroll),
+                    65535}));
+        at::Tensor partial = at::empty({row_groups, cols}, yc.options().dtype(at::kFloat));
+        sigmoid_backward_colsum_kernel<scalar_t, kVec>
+            <<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups)),
+               cuda::block_size("sigmoid_backward_colsum_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
+                g.const_data_ptr<scalar_t>(), yc.const_data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
+                partial.data_ptr<float>(), rows, cols);
+        CUSTOMOPS_CUDA_LAUNCH_CHECK("sigmoid_backward_colsum_kernel");
+        grad_bias = partial.sum(0).to(yc.scalar_type());
+      });
   return {grad_z, grad_bias};
 }
 
@@ -324,8 +321,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cud
     std::array<bool, 3> output_mask) {
   check_fused_linear_sigmoid_backward_args(grad_out, x, weight, y);
   const c10::cuda::CUDAGuard device_guard(x.device());
-  return fused_linear_sigmoid_backward_impl(
-      grad_out, x, weight, y, output_mask, sigmoid_backward_and_bias_grad_cuda);
+  return fused_linear_sigmoid_backward_impl(grad_out, x, weight, y, output_mask, sigmoid_backward_and_bias_grad_cuda);
 }
 
 }  // namespace

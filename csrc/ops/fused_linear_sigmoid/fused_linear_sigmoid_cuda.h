@@ -34,8 +34,7 @@ void small_m_forward(
 bool sm90_compiled();
 // Whether CUTLASS kernel k runs these arguments: bf16/fp16, or float32 where torch allows TF32
 // (Pingpong only).
-bool sm90_supported(
-    Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+bool sm90_supported(Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias);
 void sm90_forward(
     Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
     at::Tensor& out2d);

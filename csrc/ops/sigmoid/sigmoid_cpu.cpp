@@ -18,8 +18,7 @@ at::Tensor sigmoid_cpu(const at::Tensor& x) {
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid", [&] {
     cpu::parallel_elementwise<scalar_t, 1>(
-        out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(),
-        SigmoidFn{});
+        out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(), SigmoidFn{});
   });
   return out;
 }
@@ -31,12 +30,11 @@ at::Tensor sigmoid_backward_cpu(const at::Tensor& grad_out, const at::Tensor& y)
   const at::Tensor g_c = grad_out.contiguous();
   const at::Tensor y_c = y.contiguous();
   at::Tensor out = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, y.scalar_type(), "customops::sigmoid_backward", [&] {
-        cpu::parallel_elementwise<scalar_t, 2>(
-            out.data_ptr<scalar_t>(), {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()},
-            out.numel(), SigmoidBackwardFn{});
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "customops::sigmoid_backward", [&] {
+    cpu::parallel_elementwise<scalar_t, 2>(
+        out.data_ptr<scalar_t>(), {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()}, out.numel(),
+        SigmoidBackwardFn{});
+  });
   return out;
 }
 

@@ -19,8 +19,7 @@ at::Tensor sigmoid_cuda(const at::Tensor& x) {
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid", [&] {
     cuda::launch_elementwise<scalar_t, 1>(
-        "sigmoid_kernel", out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(),
-        SigmoidFn{});
+        "sigmoid_kernel", out.data_ptr<scalar_t>(), {x_c.const_data_ptr<scalar_t>()}, out.numel(), SigmoidFn{});
   });
   return out;
 }
@@ -33,13 +32,11 @@ at::Tensor sigmoid_backward_cuda(const at::Tensor& grad_out, const at::Tensor& y
   const at::Tensor g_c = grad_out.contiguous();
   const at::Tensor y_c = y.contiguous();
   at::Tensor out = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, y.scalar_type(), "customops::sigmoid_backward", [&] {
-        cuda::launch_elementwise<scalar_t, 2>(
-            "sigmoid_backward_kernel", out.data_ptr<scalar_t>(),
-            {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()}, out.numel(),
-            SigmoidBackwardFn{});
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "customops::sigmoid_backward", [&] {
+    cuda::launch_elementwise<scalar_t, 2>(
+        "sigmoid_backward_kernel", out.data_ptr<scalar_t>(),
+        {g_c.const_data_ptr<scalar_t>(), y_c.const_data_ptr<scalar_t>()}, out.numel(), SigmoidBackwardFn{});
+  });
   return out;
 }
 

@@ -74,8 +74,8 @@ inline FocalReduction check_sigmoid_focal_loss_backward_args(
     check_same_shape(grad_out, "grad_out", inputs, "inputs");
   } else {
     TORCH_CHECK(
-        grad_out.dim() == 0, "customops: expected grad_out to be 0-dimensional (reduction '",
-        focal_reduction_name(red), "'), but got shape ", shape_str(grad_out.sizes()));
+        grad_out.dim() == 0, "customops: expected grad_out to be 0-dimensional (reduction '", focal_reduction_name(red),
+        "'), but got shape ", shape_str(grad_out.sizes()));
   }
   return red;
 }

@@ -31,43 +31,40 @@ at::Tensor sigmoid_focal_loss_cpu(
   const int64_t n = x.numel();
   if (red == FocalReduction::None) {
     at::Tensor out = at::empty(inputs.sizes(), inputs.options().memory_format(at::MemoryFormat::Contiguous));
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
-          using opmath_t = at::opmath_type<scalar_t>;
-          cpu::parallel_elementwise<scalar_t, 2>(
-              out.data_ptr<scalar_t>(), {x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>()}, n,
-              FocalLossFn<opmath_t>{focal_loss_params<opmath_t>(alpha, gamma)});
-        });
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
+      using opmath_t = at::opmath_type<scalar_t>;
+      cpu::parallel_elementwise<scalar_t, 2>(
+          out.data_ptr<scalar_t>(), {x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>()}, n,
+          FocalLossFn<opmath_t>{focal_loss_params<opmath_t>(alpha, gamma)});
+    });
     return out;
   }
   at::Tensor out = at::empty({}, inputs.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
-        using opmath_t = at::opmath_type<scalar_t>;
-        const auto prm = focal_loss_params<opmath_t>(alpha, gamma);
-        const scalar_t* xp = x.const_data_ptr<scalar_t>();
-        const scalar_t* tp = t.const_data_ptr<scalar_t>();
-        const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
-        std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-        at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-          for (int64_t c = begin; c < end; ++c) {
-            const int64_t stop = std::min(n, (c + 1) * kReduceChunk);
-            double s = 0;
-            for (int64_t i = c * kReduceChunk; i < stop; ++i) {
-              s += static_cast<double>(
-                  focal_loss(static_cast<opmath_t>(xp[i]), static_cast<opmath_t>(tp[i]), prm));
-            }
-            partial[static_cast<size_t>(c)] = s;
-          }
-        });
-        double total = 0;
-        for (const double s : partial) total += s;
-        // The mean of no elements is NaN, as torch.mean gives (0 / 0).
-        const double value = red == FocalReduction::Mean
-            ? (n > 0 ? total / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN())
-            : total;
-        out.data_ptr<scalar_t>()[0] = static_cast<scalar_t>(static_cast<opmath_t>(value));
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const auto prm = focal_loss_params<opmath_t>(alpha, gamma);
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* tp = t.const_data_ptr<scalar_t>();
+    const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        const int64_t stop = std::min(n, (c + 1) * kReduceChunk);
+        double s = 0;
+        for (int64_t i = c * kReduceChunk; i < stop; ++i) {
+          s += static_cast<double>(focal_loss(static_cast<opmath_t>(xp[i]), static_cast<opmath_t>(tp[i]), prm));
+        }
+        partial[static_cast<size_t>(c)] = s;
+      }
+    });
+    double total = 0;
+    for (const double s : partial) total += s;
+    // The mean of no elements is NaN, as torch.mean gives (0 / 0).
+    const double value = red == FocalReduction::Mean
+                             ? (n > 0 ? total / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN())
+                             : total;
+    out.data_ptr<scalar_t>()[0] = static_cast<scalar_t>(static_cast<opmath_t>(value));
+  });
   return out;
 }
 

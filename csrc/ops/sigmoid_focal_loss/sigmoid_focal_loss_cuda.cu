@@ -87,9 +87,9 @@ __global__ void sigmoid_focal_loss_finalize_kernel(
 
 template <typename scalar_t, int VEC, bool GX, bool GT>
 __global__ void sigmoid_focal_loss_backward_kernel(
-    const scalar_t* __restrict__ go, bool go_scalar, at::opmath_type<scalar_t> go_scale,
-    const scalar_t* __restrict__ x, const scalar_t* __restrict__ t, scalar_t* __restrict__ gx,
-    scalar_t* __restrict__ gt, int64_t n, FocalLossParams<at::opmath_type<scalar_t>> prm) {
+    const scalar_t* __restrict__ go, bool go_scalar, at::opmath_type<scalar_t> go_scale, const scalar_t* __restrict__ x,
+    const scalar_t* __restrict__ t, scalar_t* __restrict__ gx, scalar_t* __restrict__ gt, int64_t n,
+    FocalLossParams<at::opmath_type<scalar_t>> prm) {
   using opmath_t = at::opmath_type<scalar_t>;
   using vec_t = cuda::AlignedVec<scalar_t, VEC>;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -126,8 +126,8 @@ __global__ void sigmoid_focal_loss_backward_kernel(
 
 template <typename scalar_t>
 void launch_reduce(
-    const scalar_t* x, const scalar_t* t, int64_t n, FocalLossParams<at::opmath_type<scalar_t>> prm,
-    FocalReduction red, at::Tensor& out) {
+    const scalar_t* x, const scalar_t* t, int64_t n, FocalLossParams<at::opmath_type<scalar_t>> prm, FocalReduction red,
+    at::Tensor& out) {
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kVec = cuda::vec_size<scalar_t>();
   const bool aligned = cuda::is_aligned(x, 16) && cuda::is_aligned(t, 16);
@@ -158,14 +158,13 @@ at::Tensor sigmoid_focal_loss_cuda(
   const int64_t n = x.numel();
   if (red == FocalReduction::None) {
     at::Tensor out = at::empty(inputs.sizes(), inputs.options().memory_format(at::MemoryFormat::Contiguous));
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
-          using opmath_t = at::opmath_type<scalar_t>;
-          cuda::launch_elementwise<scalar_t, 2>(
-              "sigmoid_focal_loss_kernel", out.data_ptr<scalar_t>(),
-              {x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>()}, n,
-              FocalLossFn<opmath_t>{focal_loss_params<opmath_t>(alpha, gamma)});
-        });
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
+      using opmath_t = at::opmath_type<scalar_t>;
+      cuda::launch_elementwise<scalar_t, 2>(
+          "sigmoid_focal_loss_kernel", out.data_ptr<scalar_t>(),
+          {x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>()}, n,
+          FocalLossFn<opmath_t>{focal_loss_params<opmath_t>(alpha, gamma)});
+    });
     return out;
   }
   at::Tensor out = at::empty({}, inputs.options());
@@ -174,13 +173,12 @@ at::Tensor sigmoid_focal_loss_cuda(
     out.fill_(red == FocalReduction::Mean ? std::numeric_limits<double>::quiet_NaN() : 0.0);
     return out;
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(
-      at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
-        using opmath_t = at::opmath_type<scalar_t>;
-        launch_reduce<scalar_t>(
-            x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>(), n,
-            focal_loss_params<opmath_t>(alpha, gamma), red, out);
-      });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "customops::sigmoid_focal_loss", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    launch_reduce<scalar_t>(
+        x.const_data_ptr<scalar_t>(), t.const_data_ptr<scalar_t>(), n, focal_loss_params<opmath_t>(alpha, gamma), red,
+        out);
+  });
   return out;
 }
 

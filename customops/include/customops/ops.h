@@ -19,8 +19,8 @@ namespace customops {
 
 // sigmoid(x @ weight.T + bias): x (*, in_features), weight (out_features, in_features),
 // bias (out_features,) or none; returns (*, out_features).
-at::Tensor fused_linear_sigmoid(const at::Tensor& x, const at::Tensor& weight,
-                                const std::optional<at::Tensor>& bias = std::nullopt);
+at::Tensor fused_linear_sigmoid(
+    const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias = std::nullopt);
 // Gradients of fused_linear_sigmoid from its output y; an output whose output_mask entry is
 // false is an empty tensor.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward(
@@ -36,8 +36,9 @@ at::Tensor sigmoid_backward(const at::Tensor& grad_out, const at::Tensor& y);
 
 // Lin et al.'s focal loss, torchvision.ops.sigmoid_focal_loss's semantics; reduction "none",
 // "mean" or "sum".
-at::Tensor sigmoid_focal_loss(const at::Tensor& inputs, const at::Tensor& targets, double alpha = 0.25,
-                              double gamma = 2.0, std::string_view reduction = "none");
+at::Tensor sigmoid_focal_loss(
+    const at::Tensor& inputs, const at::Tensor& targets, double alpha = 0.25, double gamma = 2.0,
+    std::string_view reduction = "none");
 std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     std::string_view reduction, std::array<bool, 2> output_mask = {true, true});

@@ -80,16 +80,17 @@ struct DefaultBiasSigmoid {
 // {acc: {}, bias: {pointer, value when null, stride}, Fn: {}}.
 template <typename Element, typename TileShape>
 using BiasSigmoidEVT = cutlass::epilogue::fusion::Sm90EVT<
-    cutlass::epilogue::fusion::Sm90Compute<DefaultBiasSigmoid<Element>::template type, Element, float,
-                                           cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90Compute<
+        DefaultBiasSigmoid<Element>::template type, Element, float, cutlass::FloatRoundStyle::round_to_nearest>,
     cutlass::epilogue::fusion::Sm90AccFetch,
-    cutlass::epilogue::fusion::Sm90RowBroadcast<0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>,
-                                                16 / sizeof(Element)>>;
+    cutlass::epilogue::fusion::Sm90RowBroadcast<
+        0, TileShape, Element, float, cute::Stride<cute::_0, cute::_1, int64_t>, 16 / sizeof(Element)>>;
 
 // Element: bf16, fp16, or float (read as TF32 by the tensor cores: only where the user allows TF32).
 // EpilogueTile: CUTLASS's automatic choice unless a kernel names one (pingpong_128x128_epi64_*.cu).
-template <typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule,
-          typename EpilogueSchedule, typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
+template <
+    typename Element, typename TileShape, typename ClusterShape, typename MainloopSchedule, typename EpilogueSchedule,
+    typename EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto>
 struct Gemm {
   using Fusion = BiasSigmoidEVT<Element, TileShape>;
   static constexpr int kAlign = 16 / sizeof(Element);  // TMA: 16-byte rows
@@ -98,9 +99,8 @@ struct Gemm {
   using LayoutD = cutlass::layout::RowMajor;     // out: (M, N)
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      EpilogueTile, float, float, void, LayoutD, kAlign, Element, LayoutD,
-      kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape, EpilogueTile, float, float, void,
+      LayoutD, kAlign, Element, LayoutD, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA, kAlign, Element, LayoutB, kAlign, float,
@@ -108,26 +108,30 @@ struct Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      cutlass::gemm::PersistentScheduler>;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<
+      cute::Shape<int, int, int, int>, Mainloop, Epilogue, cutlass::gemm::PersistentScheduler>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 };
 
 // Runs one configuration on the current stream. Arguments passed sm90_supported().
 template <typename G, typename Element>
-void run(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d,
-         const char* name) {
+void run(
+    const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d,
+    const char* name) {
   using Adapter = typename G::Adapter;
   using Kernel = typename Adapter::GemmKernel;
   const int M = static_cast<int>(x2d.size(0)), N = static_cast<int>(weight.size(0)), K = static_cast<int>(x2d.size(1));
   // Packed strides, then the row strides (in elements) of the actual tensors.
-  typename Kernel::StrideA stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(M, K, 1));
+  typename Kernel::StrideA stride_a =
+      cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(M, K, 1));
   cute::get<0>(stride_a) = x2d.stride(0);
-  typename Kernel::StrideB stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(N, K, 1));
+  typename Kernel::StrideB stride_b =
+      cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(N, K, 1));
   cute::get<0>(stride_b) = weight.stride(0);
   const typename Kernel::StrideC stride_c =
       cutlass::make_cute_packed_stride(typename Kernel::StrideC{}, cute::make_shape(M, N, 1));
-  typename Kernel::StrideD stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, cute::make_shape(M, N, 1));
+  typename Kernel::StrideD stride_d =
+      cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, cute::make_shape(M, N, 1));
   cute::get<0>(stride_d) = out2d.stride(0);
 
   cutlass::KernelHardwareInfo hw_info;
@@ -139,21 +143,23 @@ void run(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at
   const typename Adapter::Arguments args{
       cutlass::gemm::GemmUniversalMode::kGemm,
       {M, N, K, 1},
-      {static_cast<const Element*>(x2d.const_data_ptr()), stride_a, static_cast<const Element*>(weight.const_data_ptr()),
-       stride_b},
+      {static_cast<const Element*>(x2d.const_data_ptr()), stride_a,
+       static_cast<const Element*>(weight.const_data_ptr()), stride_b},
       {{{}, {bias_ptr, Element(0), {}}, {}}, nullptr, stride_c, static_cast<Element*>(out2d.data_ptr()), stride_d},
       hw_info};
 
   Adapter gemm;
-  TORCH_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "customops: CUTLASS kernel ", name,
-              " cannot run these arguments (an internal dispatch error; please report it)");
+  TORCH_CHECK(
+      gemm.can_implement(args) == cutlass::Status::kSuccess, "customops: CUTLASS kernel ", name,
+      " cannot run these arguments (an internal dispatch error; please report it)");
   const size_t workspace_bytes = Adapter::get_workspace_size(args);
   at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, x2d.options().dtype(at::kByte));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const cutlass::Status status = gemm.run(args, workspace.data_ptr(), stream);
   const cudaError_t err = cudaGetLastError();
-  TORCH_CHECK(status == cutlass::Status::kSuccess && err == cudaSuccess, "customops: CUDA kernel ", name,
-              " failed to launch: ", cutlass::cutlassGetStatusString(status), " / ", cudaGetErrorString(err));
+  TORCH_CHECK(
+      status == cutlass::Status::kSuccess && err == cudaSuccess, "customops: CUDA kernel ", name,
+      " failed to launch: ", cutlass::cutlassGetStatusString(status), " / ", cudaGetErrorString(err));
 }
 
 }  // namespace sm90
@@ -164,13 +170,13 @@ void run(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at
 // them in parallel: defines fls_cuda::sm90::run_NAME(x2d, weight, bias, out2d). The arguments
 // after ELEMENT are Gemm's: tile, cluster, mainloop and epilogue schedules[, epilogue tile].
 #define CUSTOMOPS_FLS_SM90_KERNEL(NAME, ELEMENT, ...)                                                              \
-  namespace customops {                                                                                           \
-  namespace fls_cuda {                                                                                            \
-  namespace sm90 {                                                                                                \
-  void run_##NAME(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias,         \
-                  at::Tensor& out2d) {                                                                            \
-    run<Gemm<ELEMENT, __VA_ARGS__>, ELEMENT>(x2d, weight, bias, out2d, "fused_linear_sigmoid_sm90_" #NAME);       \
-  }                                                                                                               \
-  }                                                                                                               \
-  }                                                                                                               \
+  namespace customops {                                                                                            \
+  namespace fls_cuda {                                                                                             \
+  namespace sm90 {                                                                                                 \
+  void run_##NAME(                                                                                                 \
+      const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias, at::Tensor& out2d) { \
+    run<Gemm<ELEMENT, __VA_ARGS__>, ELEMENT>(x2d, weight, bias, out2d, "fused_linear_sigmoid_sm90_" #NAME);        \
+  }                                                                                                                \
+  }                                                                                                                \
+  }                                                                                                                \
   }

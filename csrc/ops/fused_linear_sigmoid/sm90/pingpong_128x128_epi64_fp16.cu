@@ -10,6 +10,7 @@ using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 using EpilogueTile = cute::Shape<cute::_64, cute::_64>;
 }  // namespace customops::fls_cuda::sm90::pingpong_128x128_epi64_fp16
 
-CUSTOMOPS_FLS_SM90_KERNEL(pingpong_128x128_epi64_fp16, cutlass::half_t, pingpong_128x128_epi64_fp16::Tile,
-                          pingpong_128x128_epi64_fp16::Cluster, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                          cutlass::epilogue::TmaWarpSpecialized, pingpong_128x128_epi64_fp16::EpilogueTile)
+CUSTOMOPS_FLS_SM90_KERNEL(
+    pingpong_128x128_epi64_fp16, cutlass::half_t, pingpong_128x128_epi64_fp16::Tile,
+    pingpong_128x128_epi64_fp16::Cluster, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+    cutlass::epilogue::TmaWarpSpecialized, pingpong_128x128_epi64_fp16::EpilogueTile)

@@ -6,5 +6,6 @@ using Tile = cute::Shape<cute::_128, cute::_128, cute::_64>;
 using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
 }  // namespace customops::fls_cuda::sm90::pingpong_128x128_fp16
 
-CUSTOMOPS_FLS_SM90_KERNEL(pingpong_128x128_fp16, cutlass::half_t, pingpong_128x128_fp16::Tile, pingpong_128x128_fp16::Cluster,
-                          cutlass::gemm::KernelTmaWarpSpecializedPingpong, cutlass::epilogue::TmaWarpSpecialized)
+CUSTOMOPS_FLS_SM90_KERNEL(
+    pingpong_128x128_fp16, cutlass::half_t, pingpong_128x128_fp16::Tile, pingpong_128x128_fp16::Cluster,
+    cutlass::gemm::KernelTmaWarpSpecializedPingpong, cutlass::epilogue::TmaWarpSpecialized)
