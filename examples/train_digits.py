@@ -79,7 +79,8 @@ def latency_ms(fn, x, runs: int = 50) -> float:
 def model_forms(model, example, export_dir):
     """The forms of the trained model that a user ships, exported to export_dir and loaded
     back: name -> callable. Also returns {format: path} and the forms skipped, with why."""
-    from customops.export import aoti_python_loading_works, export_model, load_aoti, load_torchscript
+    from customops.export import export_model, load_aoti, load_torchscript
+    from customops.export.aoti import aoti_python_loading_works
 
     # torch.compile's advice to allow TF32 on a GPU: the comparison below wants IEEE float32.
     warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication")

@@ -17,7 +17,6 @@ from torch import nn
 import customops
 import customops.export
 from customops.export import (
-    aoti_python_loading_works,
     export_aoti,
     export_model,
     export_onnx,
@@ -25,6 +24,7 @@ from customops.export import (
     load_aoti,
     load_torchscript,
 )
+from customops.export.aoti import aoti_python_loading_works
 from customops.nn import FusedLinearSigmoid
 
 # The main job's model factory, named by file as a user's would be.

@@ -352,7 +352,7 @@ def build_aoti_package(specs: Sequence[OpSpec], device: str, path: str) -> Packe
 def check_aoti(spec: OpSpec, package: Callable[[], Tuple[PackedOps, str]]) -> None:
     """The op's part of a package from :func:`build_aoti_package` (``package()`` builds or
     returns it: ``(model, path)``), loaded and run from Python."""
-    from customops.export import aoti_python_loading_works, load_aoti
+    from customops.export.aoti import aoti_python_loading_works, load_aoti
 
     if not aoti_python_loading_works():
         raise NotApplicable(

@@ -1,0 +1,172 @@
+"""What the exporters share: the dynamic-shape spec, staged (atomic) writes, and quiet
+wrappers around torch's exporters."""
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+import customops
+
+FORMATS = ("pt", "pt2", "onnx")
+DEFAULT_MAX_BATCH = 1 << 16
+# Upper bound of each dynamic dimension other than the batch (a sequence length, say); the
+# exporters' max_dim= raises it.
+DEFAULT_MAX_DIM = 1 << 16
+# The key of an AOTInductor package's metadata under which export_aoti records its inputs:
+# one "dtype:dim,dim,..." entry per input, joined by '|', where a dim is a fixed size ("12")
+# or a dynamic range ("1-65536"); e.g. "float32:1-65536,12". customops_serve parses it too.
+INPUTS_METADATA_KEY = "customops_inputs"
+
+
+
+def _as_tuple(example_inputs) -> Tuple[torch.Tensor, ...]:
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dynamic_spec(example_inputs: Sequence[torch.Tensor], dynamic_dims: Sequence[int], max_batch: int, max_dim: int):
+    """Returns (inputs, dynamic_shapes, ranges) for torch.export.
+
+    inputs: the examples, row-major, with size 2 at each dynamic dim where they have 1 (a size
+    of 1 would be specialized). dynamic_shapes: dim 0 of every input is the shared ``batch``
+    Dim (1..max_batch); every other dim d in ``dynamic_dims`` is its own Dim (1..max_dim) in each
+    input of more than d dims. ranges: per input, ``{dim: (min, max)}``. Raises ValueError for
+    a bad ``dynamic_dims`` or examples without the dims asked for."""
+    if isinstance(dynamic_dims, int):
+        dynamic_dims = (dynamic_dims,)
+    if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in dynamic_dims):
+        raise ValueError(f"customops: expected dynamic_dims to be dimension indices >= 0, got {list(dynamic_dims)}")
+    dims = sorted(set(dynamic_dims))
+    if 0 in dims and max_batch < 2:
+        raise ValueError(f"customops: expected max_batch >= 2, got {max_batch}")
+    if any(d > 0 for d in dims) and max_dim < 2:
+        raise ValueError(f"customops: expected max_dim >= 2, got {max_dim}")
+    shapes = [list(t.shape) for t in example_inputs]
+    if 0 in dims and any(t.dim() == 0 or t.shape[0] == 0 for t in example_inputs):
+        raise ValueError(
+            f"customops: expected example inputs with a batch dimension of size >= 1 (dim 0), got shapes {shapes}"
+        )
+    for d in dims:
+        if d > 0 and not any(t.dim() > d for t in example_inputs):
+            raise ValueError(f"customops: dynamic dim {d} asked for, but no example input has it; shapes {shapes}")
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    inputs, dynamic_shapes, ranges = [], [], []
+    for i, t in enumerate(example_inputs):
+        own = [d for d in dims if d < t.dim()]
+        if any(t.shape[d] == 0 for d in own):
+            raise ValueError(f"customops: example input {i} of shape {list(t.shape)} has size 0 at a dynamic dim {own}")
+        spec = {d: batch if d == 0 else torch.export.Dim(f"input{i}_dim{d}", min=1, max=max_dim) for d in own}
+        inputs.append(t.expand(*(2 if d in own and s == 1 else -1 for d, s in enumerate(t.shape))).contiguous())
+        dynamic_shapes.append(spec or None)
+        ranges.append({d: (1, max_batch if d == 0 else max_dim) for d in own})
+    return tuple(inputs), tuple(dynamic_shapes), ranges
+
+
+def _batch_hint(inputs) -> str:
+    hint = f"The example inputs' shapes are {[list(t.shape) for t in inputs]}"
+    if any(t.dim() == 1 for t in inputs):
+        hint += (
+            "; a 1-D input has no batch dimension: give it one, e.g. shape (batch, 64) for a model of "
+            "64 input features (--input-shape 8,64), not (64,)"
+        )
+    return hint + "."
+
+
+def _describe_dim(name: str) -> str:
+    if name == "batch":
+        return "dim 0 of an input, which export makes the dynamic batch dimension"
+    m = re.fullmatch(r"input(\d+)_dim(\d+)", name)
+    return f"dim {m.group(2)} of input {m.group(1)}, which dynamic_dims makes dynamic" if m else name
+
+
+def _export_program(model: nn.Module, inputs, dynamic_shapes):
+    """torch.export.export; a dynamic dim that the model fixes becomes a ValueError naming it."""
+    try:
+        with _quiet_export():
+            return torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
+        violated = re.search(r"Constraints violated \(([^)]*)\)", str(e))
+        if violated is None:
+            raise
+        where = "; ".join(_describe_dim(n.strip()) for n in violated.group(1).split(","))
+        raise ValueError(
+            f"customops: the model fixes {where}. "
+            + _batch_hint(inputs)
+            + f"\n(torch.export: {str(e).splitlines()[0]})"
+        ) from e
+
+
+def _publish(stage: str, folder: str, last: Sequence[str] = ()) -> None:
+    """Moves every file in ``stage`` into ``folder`` (os.replace: each rename is atomic), the
+    names in ``last`` after the rest, so a model file never appears before its external data."""
+    names = [n for n in os.listdir(stage) if os.path.isfile(os.path.join(stage, n))]
+    for n in sorted(names, key=lambda n: (n in last, n)):
+        os.replace(os.path.join(stage, n), os.path.join(folder, n))
+
+
+@contextlib.contextmanager
+def _staged(path: str) -> Iterator[str]:
+    """Yields a path of ``path``'s file name in a new hidden folder next to it. When the block
+    succeeds, everything written there (the file and any files beside it, such as ONNX
+    external data, which the file refers to by name) is renamed into ``path``'s folder; either
+    way the hidden folder is removed, so a failed write leaves nothing behind."""
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    stage = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        yield os.path.join(stage, name)
+        _publish(stage, folder, last=(name,))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Hides a deprecation notice that torch.export raises from its own pytree code (torch 2.11
+    to 2.14: "`isinstance(treespec, LeafSpec)` is deprecated"): nothing a caller can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+        )
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_torchscript() -> Iterator[None]:
+    """Hides torch's deprecation notices for torch.jit.script/trace/save/load (a FutureWarning
+    or DeprecationWarning, by torch version): TorchScript is a supported format here."""
+    with warnings.catch_warnings():
+        for category in (FutureWarning, DeprecationWarning):
+            warnings.filterwarnings(
+                "ignore", message=r"`torch\.jit\.\w+` (is deprecated|is not supported)", category=category
+            )
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_onnx_registration() -> Iterator[None]:
+    """Silences torch.onnx's per-export warnings that torchvision's ops are skipped because
+    torchvision is not installed (not an error for models that do not use them)."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check_file(path: str) -> None:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"customops: model file {path!r} does not exist")

@@ -1,0 +1,148 @@
+"""AOTInductor packages: export_aoti, which records the inputs in the package's metadata, and
+load_aoti, which checks inputs against it."""
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+import customops
+
+from ._common import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, INPUTS_METADATA_KEY, _as_tuple, _check_file, _dtype_name, _dynamic_spec, _export_program, _quiet_export, _quiet_torchscript, _staged
+
+
+def _inputs_metadata(inputs: Sequence[torch.Tensor], ranges) -> str:
+    """The :data:`INPUTS_METADATA_KEY` entry for ``inputs`` with dynamic ``ranges``."""
+    return "|".join(
+        _dtype_name(t.dtype)
+        + ":"
+        + ",".join(f"{r[d][0]}-{r[d][1]}" if d in r else str(s) for d, s in enumerate(t.shape))
+        for t, r in zip(inputs, ranges)
+    )
+
+
+def export_aoti(
+    model: nn.Module,
+    example_inputs,
+    path: str,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    dynamic_dims: Sequence[int] = (0,),
+    max_dim: int = DEFAULT_MAX_DIM,
+) -> str:
+    """Writes an AOTInductor package (``.pt2``): ``torch.export.export`` with dynamic dims as
+    in :func:`export_model`, then ``torch._inductor.aoti_compile_and_package``. The package is
+    compiled for the device of ``example_inputs`` and takes row-major inputs; it records the
+    inputs' dtypes and sizes in its metadata (:data:`INPUTS_METADATA_KEY`), which
+    :func:`load_aoti` and customops_serve check inputs against. Load it with
+    ``torch::inductor::AOTIModelPackageLoader`` (C++) or :func:`load_aoti`. Returns ``path``;
+    nothing is written if it fails. Raises ValueError when the model fixes a dim asked to be
+    dynamic (dim 0 of a 1-D example input, for one)."""
+    inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
+    program = _export_program(model, inputs, dynamic_shapes)
+    configs = {
+        # torch.export records a lower bound of 2 for a dim exported as 1..n (it treats 0 and 1
+        # specially); AOTInductor's own input checks (AOTI_RUNTIME_CHECK_INPUTS=1, for whoever
+        # sets it) would then refuse a size of 1, which the compiled code handles.
+        "aot_inductor.check_lowerbound": False,
+        "aot_inductor.metadata": {INPUTS_METADATA_KEY: _inputs_metadata(inputs, ranges)},
+    }
+    # Inductor's first import defines torch.utils.mkldnn's TorchScript methods, which warn.
+    with _staged(path) as tmp, _quiet_torchscript(), _quiet_export():
+        torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
+    return os.fspath(path)
+
+
+def aoti_python_loading_works() -> bool:
+    """Whether this torch's Python AOTInductor loader can be trusted. Seen 2026-11-29 on the
+    H200 machine: torch 2.11's aoti_load_package segfaults even for a plain nn.Linear package,
+    while torch 2.13 and 2.14 load packages on the CPU. Where it cannot, check packages with
+    the C++ loader (customops_serve)."""
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    return (major, minor) >= (2, 13)
+
+
+def _parse_inputs_metadata(text: str) -> List[Tuple[str, List[Tuple[int, int]]]]:
+    """:data:`INPUTS_METADATA_KEY`'s value as ``[(dtype name, [(min, max) per dim])]``."""
+    spec = []
+    for entry in text.split("|") if text else []:
+        dtype, _, dims = entry.partition(":")
+        sizes = []
+        for dim in dims.split(",") if dims else []:
+            low, _, high = dim.partition("-")
+            sizes.append((int(low), int(high or low)))
+        spec.append((dtype, sizes))
+    return spec
+
+
+def _describe(dtype: str, sizes: Sequence[Tuple[int, int]]) -> str:
+    dims = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in sizes)
+    return f"dtype {dtype} and shape [{dims}]"
+
+
+def _check_inputs(path: str, spec, tensors: Sequence[torch.Tensor]) -> None:
+    if len(tensors) != len(spec):
+        raise RuntimeError(
+            f"customops: AOTInductor package {path!r} takes {len(spec)} tensor inputs, got {len(tensors)}"
+        )
+    for i, (t, (dtype, sizes)) in enumerate(zip(tensors, spec)):
+        if (
+            _dtype_name(t.dtype) != dtype
+            or t.dim() != len(sizes)
+            or any(not lo <= s <= hi for s, (lo, hi) in zip(t.shape, sizes))
+        ):
+            raise RuntimeError(
+                f"customops: AOTInductor package {path!r} refused input {i} of shape {list(t.shape)} and dtype "
+                f"{_dtype_name(t.dtype)}: it expects {_describe(dtype, sizes)}"
+            )
+
+
+def load_aoti(path: str):
+    """Loads an AOTInductor package whose graph uses customops' ops (the op library is loaded
+    first); returns a callable that takes the exported model's inputs. For a package from
+    :func:`export_aoti` the callable checks each input's dtype, rank and sizes against the
+    ones recorded at export and runs it as a contiguous copy where it is not (any strides work,
+    as with TorchScript); a package without that record (made with torch's own
+    ``aoti_compile_and_package``) gets its inputs as given, unchecked, as torch's loader does.
+    The loader's own object is the callable's ``package`` attribute. Raises FileNotFoundError /
+    RuntimeError as :func:`load_torchscript`; the callable raises RuntimeError naming the input,
+    its shape and dtype and what the package expects, or, for errors the package itself
+    raises, all inputs' shapes and dtypes."""
+    _check_file(path)
+    customops.load_library()
+    try:
+        package = torch._inductor.aoti_load_package(path)
+    except Exception as e:  # the loader raises several types for a bad archive
+        raise RuntimeError(f"customops: could not load AOTInductor package {path!r}: {e}") from e
+    recorded = package.get_metadata().get(INPUTS_METADATA_KEY)
+    # AOTInductor checks nothing unless AOTI_RUNTIME_CHECK_INPUTS=1 is set process-wide, and
+    # that check refuses size 1 at dims that torch's own packages export as dynamic: so
+    # packages are checked here, against what export_aoti recorded.
+    try:
+        spec = None if recorded is None else _parse_inputs_metadata(recorded)
+    except ValueError as e:
+        raise RuntimeError(
+            f"customops: AOTInductor package {path!r} has malformed {INPUTS_METADATA_KEY} metadata {recorded!r}"
+        ) from e
+
+    def run(*args, **kwargs):
+        if spec is not None:
+            _check_inputs(path, spec, [a for a in args if isinstance(a, torch.Tensor)])
+            # The compiled code indexes inputs as the row-major examples were laid out.
+            args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
+        try:
+            return package(*args, **kwargs)
+        except RuntimeError as e:
+            given = [(list(a.shape), _dtype_name(a.dtype)) for a in args if isinstance(a, torch.Tensor)]
+            raise RuntimeError(
+                f"customops: AOTInductor package {path!r} refused inputs of (shape, dtype) {given}: {e}"
+            ) from e
+
+    run.package = package  # the loader's own object (metadata, call spec)
+    return run
