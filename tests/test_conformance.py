@@ -67,18 +67,24 @@ def test_path(spec, path, device, request):
 
 def _assert_fails(spec, path, request, tmp_path):
     # The op alone in its artifacts: the shared AOTInductor package leaves out an op that
-    # declares both aoti paths unsupported.
+    # declares both aoti paths unsupported. The path runs on the CPU where it can.
+    device = "cpu" if "cpu" in PATHS[path] else "cuda"
+    if device == "cuda" and not HAS_CUDA:
+        pytest.skip(f"{path} runs on CUDA only: needs a CUDA GPU")
+    # A spec that is wrong on its own (reference, samples) would make every path fail: check it first.
+    P.check_eager(spec, device, quick=True)
+    serve = request.getfixturevalue("serve")  # a missing server is this test's failure, not the path's
     enrolled = dataclasses.replace(spec, unsupported={})
     package = {}
 
     def own_package():
         if not package:
             path = str(tmp_path / "op.pt2")
-            package["built"] = (P.build_aoti_package([enrolled], "cpu", path), path)
+            package["built"] = (P.build_aoti_package([enrolled], device, path), path)
         return package["built"]
 
     try:
-        P.run_path(enrolled, path, "cpu", aoti_package=own_package, serve=lambda: request.getfixturevalue("serve"))
+        P.run_path(enrolled, path, device, aoti_package=own_package, serve=lambda: serve)
     except P.NotApplicable as e:
         pytest.skip(str(e))
     except Exception:
@@ -123,6 +129,19 @@ def test_every_spec_has_its_kernels(spec):
 @pytest.mark.parametrize("spec", OP_SPECS, ids=lambda s: s.name)
 def test_every_spec_has_error_inputs(spec):
     assert spec.errors("cpu"), f"{spec.name}: its spec has no error_inputs"
+
+
+@pytest.mark.parametrize("spec", OP_SPECS, ids=lambda s: s.name)
+def test_cuda_kernels_name_real_samples(spec):
+    names = {s.name for s in spec.samples("cpu", torch.float32)}
+    missing = {k: n for k, n in spec.cuda_kernels.items() if n not in names}
+    assert not missing, f"{spec.name}: cuda_kernels names samples it does not have: {missing}"
+
+
+def test_a_false_gradgrad_declaration_is_caught():
+    sigmoid = next(s for s in OP_SPECS if s.name == "sigmoid")
+    with pytest.raises(AssertionError, match="supports_gradgrad=False"):
+        P.check_autograd(dataclasses.replace(sigmoid, supports_gradgrad=False), "cpu", quick=True)
 
 
 def test_a_wrong_reference_fails():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import customops
+from customops.testing import OP_SPECS
 
 
 def test_library_path_exists():
@@ -37,15 +38,7 @@ def test_kernels_for_every_backend_this_torch_has():
         assert "CUDA" in backends
     if torch.version.cuda is None:  # a CPU-only torch builds the CPU kernels alone
         assert backends == ["CPU"]
-    for op in (
-        "add",
-        "sigmoid",
-        "sigmoid_backward",
-        "fused_linear_sigmoid",
-        "fused_linear_sigmoid_backward",
-        "sigmoid_focal_loss",
-        "sigmoid_focal_loss_backward",
-    ):
+    for op in [spec.name for spec in OP_SPECS]:
         for key in backends:
             assert torch._C._dispatch_has_kernel_for_dispatch_key(f"customops::{op}", key), (op, key)
 
@@ -61,3 +54,14 @@ def test_import_without_torch_first_and_load_twice():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
+def test_cpp_api_defines_a_function_per_op():
+    # customops/include/customops/ops.h declares them; a declaration without a definition in
+    # csrc/api.cpp would link until a C++ program called it.
+    path = customops.library_path()
+    defined = subprocess.run(["nm", "-DC", "--defined-only", path], capture_output=True, text=True, check=True).stdout
+    names = {line.split(" T ", 1)[1].split("(")[0] for line in defined.splitlines() if " T customops::" in line}
+    missing = [s.name for s in OP_SPECS if f"customops::{s.name}" not in names]
+    assert not missing, f"the C++ API (csrc/api.cpp) defines no function for {missing}"

@@ -8,12 +8,10 @@ import re
 import shutil
 import tempfile
 import warnings
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterator, Sequence, Tuple
 
 import torch
 from torch import nn
-
-import customops
 
 FORMATS = ("pt", "pt2", "onnx")
 DEFAULT_MAX_BATCH = 1 << 16
@@ -24,7 +22,6 @@ DEFAULT_MAX_DIM = 1 << 16
 # one "dtype:dim,dim,..." entry per input, joined by '|', where a dim is a fixed size ("12")
 # or a dynamic range ("1-65536"); e.g. "float32:1-65536,12". customops_serve parses it too.
 INPUTS_METADATA_KEY = "customops_inputs"
-
 
 
 def _as_tuple(example_inputs) -> Tuple[torch.Tensor, ...]:

@@ -1,21 +1,27 @@
 """AOTInductor packages: export_aoti, which records the inputs in the package's metadata, and
 load_aoti, which checks inputs against it."""
 
-import contextlib
-import logging
 import os
-import re
-import shutil
-import tempfile
-import warnings
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 from torch import nn
 
 import customops
 
-from ._common import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, INPUTS_METADATA_KEY, _as_tuple, _check_file, _dtype_name, _dynamic_spec, _export_program, _quiet_export, _quiet_torchscript, _staged
+from ._common import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_DIM,
+    INPUTS_METADATA_KEY,
+    _as_tuple,
+    _check_file,
+    _dtype_name,
+    _dynamic_spec,
+    _export_program,
+    _quiet_export,
+    _quiet_torchscript,
+    _staged,
+)
 
 
 def _inputs_metadata(inputs: Sequence[torch.Tensor], ranges) -> str:

@@ -1,20 +1,20 @@
 """ONNX: export_onnx, with customops' translation table (onnx_translation.py)."""
 
-import contextlib
-import logging
-import os
-import re
-import shutil
-import tempfile
-import warnings
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Sequence
 
 import torch
 from torch import nn
 
-import customops
-
-from ._common import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, _as_tuple, _batch_hint, _dynamic_spec, _quiet_export, _quiet_onnx_registration, _staged
+from ._common import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_DIM,
+    _as_tuple,
+    _batch_hint,
+    _dynamic_spec,
+    _quiet_export,
+    _quiet_onnx_registration,
+    _staged,
+)
 
 
 def export_onnx(

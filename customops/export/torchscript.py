@@ -1,13 +1,6 @@
 """TorchScript: export_torchscript and load_torchscript."""
 
-import contextlib
-import logging
-import os
-import re
-import shutil
-import tempfile
-import warnings
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Optional
 
 import torch
 from torch import nn

@@ -40,8 +40,8 @@ def elementwise_errors(first, second):
         yield ErrorInput(SampleInput((x.to(torch.float8_e4m3fn), x)), first, ("torch.float8_e4m3fn",))
         yield ErrorInput(SampleInput((x, x.bool())), second, ("floating dtype", "torch.bool"))
         yield ErrorInput(SampleInput((x, x.double())), second, (f"dtype of {first}", "torch.float32", "torch.float64"))
-        yield ErrorInput(SampleInput((x, x[:2])), second, (f"shape of {first}", "[4, 8]", "[2, 8]"))
-        yield ErrorInput(SampleInput((x, x[0])), second, (f"shape of {first}", "[8]"))
+        yield ErrorInput(SampleInput((x, x[:2])), second, (f"shape of {first}", "[4, 8]", "[2, 8]"), fake_refuses=True)
+        yield ErrorInput(SampleInput((x, x[0])), second, (f"shape of {first}", "[8]"), fake_refuses=True)
         if _other_device(device):
             yield ErrorInput(SampleInput((x, x.cpu())), second, (f"device of {first} (cuda:0)", "but got cpu"))
             yield ErrorInput(SampleInput((x.cpu(), x)), second, (f"device of {first} (cpu)", "but got cuda:0"))
@@ -172,11 +172,14 @@ def fused_linear_sigmoid_errors(device):
         SampleInput((torch.randn(4, 5, device=device), w, b)),
         "x.shape[-1]",
         ("in_features", "weight.shape[1] = 8", "[4, 5]"),
+        fake_refuses=True,
     )
-    yield ErrorInput(SampleInput((x, w[0], b)), "weight", ("2-D", "[8]"))
-    yield ErrorInput(SampleInput((x, w, torch.randn(4, device=device))), "bias", ("(out_features,) = (3,)", "[4]"))
-    yield ErrorInput(SampleInput((x, w, b[None])), "bias", ("(out_features,) = (3,)", "[1, 3]"))
-    yield ErrorInput(SampleInput((torch.randn((), device=device), w, b)), "x", ("0-dimensional",))
+    yield ErrorInput(SampleInput((x, w[0], b)), "weight", ("2-D", "[8]"), fake_refuses=True)
+    yield ErrorInput(
+        SampleInput((x, w, torch.randn(4, device=device))), "bias", ("(out_features,) = (3,)", "[4]"), fake_refuses=True
+    )
+    yield ErrorInput(SampleInput((x, w, b[None])), "bias", ("(out_features,) = (3,)", "[1, 3]"), fake_refuses=True)
+    yield ErrorInput(SampleInput((torch.randn((), device=device), w, b)), "x", ("0-dimensional",), fake_refuses=True)
     if _other_device(device):
         yield ErrorInput(SampleInput((x, w.cpu(), None)), "weight", ("device of x (cuda:0)", "but got cpu"))
         yield ErrorInput(SampleInput((x.cpu(), w, None)), "weight", ("device of x (cpu)", "but got cuda:0"))
@@ -187,10 +190,10 @@ def fused_linear_sigmoid_backward_errors(device):
     x, w = torch.randn(4, 8, device=device), torch.randn(3, 8, device=device)
     y = torch.rand(4, 3, device=device)
     mask = [True, True, True]
-    yield ErrorInput(SampleInput((y, x, w, y[:2], mask)), "y", ("shape of grad_out",))
-    yield ErrorInput(SampleInput((y[:2], x, w, y[:2], mask)), "y", ("shape [4, 3]", "[2, 3]"))
+    yield ErrorInput(SampleInput((y, x, w, y[:2], mask)), "y", ("shape of grad_out",), fake_refuses=True)
+    yield ErrorInput(SampleInput((y[:2], x, w, y[:2], mask)), "y", ("shape [4, 3]", "[2, 3]"), fake_refuses=True)
     yield ErrorInput(SampleInput((y, x, w, y.double(), mask)), "y", ("dtype of grad_out",))
-    yield ErrorInput(SampleInput((y, x, w[:, :5], y, mask)), "x.shape[-1]", ("weight.shape[1] = 5",))
+    yield ErrorInput(SampleInput((y, x, w[:, :5], y, mask)), "x.shape[-1]", ("weight.shape[1] = 5",), fake_refuses=True)
     if _other_device(device):
         yield ErrorInput(SampleInput((y.cpu(), x, w, y, mask)), "y", ("device of grad_out (cpu)", "but got cuda:0"))
 
@@ -291,10 +294,12 @@ def sigmoid_focal_loss_errors(device):
     yield ErrorInput(SampleInput((x.int(), t)), "inputs", ("floating dtype", "torch.int32"))
     yield ErrorInput(SampleInput((x, t.long())), "targets", ("floating dtype", "torch.int64"))
     yield ErrorInput(SampleInput((x, t.double())), "targets", ("dtype of inputs", "torch.float32", "torch.float64"))
-    yield ErrorInput(SampleInput((x, t[:2])), "targets", ("shape of inputs", "[4, 5]", "[2, 5]"))
-    yield ErrorInput(SampleInput((x, t[0])), "targets", ("shape of inputs", "[4, 5]", "[5]"))
-    yield ErrorInput(SampleInput((x, t, 0.25, 2.0, "avg")), "reduction", ("'none', 'mean' or 'sum'", "'avg'"))
-    yield ErrorInput(SampleInput((x, t, 0.25, 2.0, "Sum")), "reduction", ("'Sum'",))
+    yield ErrorInput(SampleInput((x, t[:2])), "targets", ("shape of inputs", "[4, 5]", "[2, 5]"), fake_refuses=True)
+    yield ErrorInput(SampleInput((x, t[0])), "targets", ("shape of inputs", "[4, 5]", "[5]"), fake_refuses=True)
+    yield ErrorInput(
+        SampleInput((x, t, 0.25, 2.0, "avg")), "reduction", ("'none', 'mean' or 'sum'", "'avg'"), fake_refuses=True
+    )
+    yield ErrorInput(SampleInput((x, t, 0.25, 2.0, "Sum")), "reduction", ("'Sum'",), fake_refuses=True)
     yield ErrorInput(SampleInput((x, t, 0.25, -1.0, "none")), "gamma", (">= 0", "-1"))
     yield ErrorInput(SampleInput((x, t, 0.25, float("inf"), "sum")), "gamma", ("finite", "inf"))
     yield ErrorInput(SampleInput((x, t, float("nan"), 2.0)), "alpha", ("finite", "nan"))
@@ -307,16 +312,26 @@ def sigmoid_focal_loss_errors(device):
 def sigmoid_focal_loss_backward_errors(device):
     x, t = torch.randn(4, 5, device=device), torch.rand(4, 5, device=device)
     g0 = torch.ones((), device=device)
-    yield ErrorInput(SampleInput((g0, x, t, 0.25, 2.0, "none", [True, True])), "grad_out", ("shape of inputs", "[]"))
     yield ErrorInput(
-        SampleInput((x, x, t, 0.25, 2.0, "sum", [True, True])), "grad_out", ("0-dimensional", "'sum'", "[4, 5]")
+        SampleInput((g0, x, t, 0.25, 2.0, "none", [True, True])),
+        "grad_out",
+        ("shape of inputs", "[]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(
+        SampleInput((x, x, t, 0.25, 2.0, "sum", [True, True])),
+        "grad_out",
+        ("0-dimensional", "'sum'", "[4, 5]"),
+        fake_refuses=True,
     )
     yield ErrorInput(
         SampleInput((g0.half(), x, t, 0.25, 2.0, "mean", [True, False])),
         "grad_out",
         ("dtype of inputs", "torch.float16"),
     )
-    yield ErrorInput(SampleInput((g0, x, t, 0.25, 2.0, "max", [True, False])), "reduction", ("'max'",))
+    yield ErrorInput(
+        SampleInput((g0, x, t, 0.25, 2.0, "max", [True, False])), "reduction", ("'max'",), fake_refuses=True
+    )
     yield ErrorInput(SampleInput((g0.int(), x, t, 0.25, 2.0, "sum", [True, False])), "grad_out", ("floating dtype",))
     if _other_device(device):
         yield ErrorInput(

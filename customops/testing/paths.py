@@ -112,7 +112,8 @@ def check_autograd(spec: OpSpec, device: str, quick: bool = False) -> None:
     _need_device(device)
     if torch.float64 not in spec.dtypes_on(device):
         raise NotApplicable("gradcheck needs float64")
-    for sample in _samples(spec, device, torch.float64, requires_grad=True, quick=quick, force_grad=True):
+    samples = _samples(spec, device, torch.float64, requires_grad=True, quick=quick, force_grad=True)
+    for sample in samples:
         inputs = [t for t in sample.tensors() if t.requires_grad]
         assert inputs, f"{spec.name}, sample {sample.name!r}: no input requires grad"
         others = sample.tensors()
@@ -127,6 +128,10 @@ def check_autograd(spec: OpSpec, device: str, quick: bool = False) -> None:
         assert torch.autograd.gradcheck(fn, inputs, fast_mode=fast), (spec.name, sample.name)
         if spec.supports_gradgrad:
             assert torch.autograd.gradgradcheck(fn, inputs, fast_mode=fast), (spec.name, sample.name)
+        elif sample is samples[0]:
+            # The declaration holds: differentiating the gradient raises (or is wrong).
+            works = _raised(torch.autograd.gradgradcheck, fn, inputs, fast_mode=fast) is None
+            assert not works, f"{spec.name} declares supports_gradgrad=False, but gradgradcheck passes"
 
 
 def check_opcheck(spec: OpSpec, device: str, quick: bool = False) -> None:
@@ -460,34 +465,42 @@ def _raised(fn, *args, **kwargs) -> Optional[BaseException]:
 
 def check_errors(spec: OpSpec, device: str, quick: bool = False) -> None:
     """Every error input raises a RuntimeError that names the argument (``expected <arg> ``)
-    and holds the details, from the kernel; under torch.compile (fullgraph) too, whether the
-    fake kernel refuses it while tracing or the kernel when the graph runs; and on meta tensors
-    the fake kernel either refuses it, naming the argument, or computes an output (value and
-    dtype checks live in the kernels alone)."""
+    and holds the details, from the kernel; under torch.compile (fullgraph, aot_eager) too,
+    whether the fake kernel refuses it while tracing or the kernel when the graph runs; and on
+    meta tensors the fake kernel refuses those it must (``ErrorInput.fake_refuses``) the same way,
+    and may compute an output for the others (dtype and value checks live in the kernels)."""
     _need_device(device)
     errors = spec.errors(device)
     assert errors or quick, f"{spec.name} has no error inputs: add error_inputs to its spec"
     for case in errors[: 1 if quick else None]:
-        s, named = case.sample, f"expected {case.arg} "
+        s, named = case.sample, f"customops: expected {case.arg} "
         where = f"{spec.name}, error input {named!r} {list(case.details)}"
+        assert case.details, f"{where}: give the details the message must hold (what was expected, what was given)"
         eager = _raised(_call, spec, s)
         assert isinstance(eager, RuntimeError), f"{where}: eager raised {eager!r}, not a RuntimeError"
         message = str(eager).splitlines()[0]
-        for part in (named, *case.details):
+        assert message.startswith(named), f"{where}: the message {message!r} does not start with {named!r}"
+        for part in case.details:
             assert part in message, f"{where}: {part!r} is not in the message {message!r}"
         torch._dynamo.reset()
         compiled = torch.compile(lambda *a, **k: spec.op(*a, **k), backend="aot_eager", fullgraph=True)
         traced = _raised(compiled, *s.args, **s.kwargs)
         torch._dynamo.reset()
-        assert isinstance(traced, RuntimeError) and named in str(traced), (
-            f"{where}: under torch.compile it raised {traced!r}, which does not name the argument"
+        assert isinstance(traced, RuntimeError) and all(p in str(traced) for p in (named, *case.details)), (
+            f"{where}: under torch.compile it raised {traced!r}, without the argument and details"
         )
         if any(t.device.type != device for t in s.tensors()):
             continue  # a mixed-device call has no meta equivalent
         meta = _raised(_call, spec, s.map_tensors(lambda t: t.to("meta")))
-        assert meta is None or (isinstance(meta, RuntimeError) and named in str(meta)), (
-            f"{where}: the fake kernel raised {meta!r}, which does not name the argument"
-        )
+        if case.fake_refuses:
+            assert isinstance(meta, RuntimeError) and all(p in str(meta) for p in (named, *case.details)), (
+                f"{where}: the fake kernel {'returned' if meta is None else f'raised {meta!r}'}; it must refuse "
+                "the call with the kernel's argument and details (torch._check in customops/ops/<op>.py)"
+            )
+        else:
+            assert meta is None or (isinstance(meta, RuntimeError) and named in str(meta)), (
+                f"{where}: the fake kernel raised {meta!r}, which does not name the argument"
+            )
 
 
 # --- CUDA runtime ------------------------------------------------------------------------------

@@ -64,13 +64,17 @@ class SampleInput:
 
 @dataclasses.dataclass
 class ErrorInput:
-    """A call the op must refuse with a RuntimeError. Its message contains ``expected <arg> ``
-    (every message names the argument that is wrong) and, from the kernels, each of
-    ``details`` (what was expected and what was given)."""
+    """A call the op must refuse with a RuntimeError. Its message starts with ``customops:
+    expected <arg> `` (every message names the argument that is wrong) and contains each of
+    ``details`` (what was expected and what was given). ``fake_refuses``: the call breaks a
+    relation that the output's shape rests on (sizes, a reduction), so the fake kernel refuses
+    it too, with the same argument and details; it need not refuse the others (dtypes,
+    devices, values), which the kernels check."""
 
     sample: SampleInput
     arg: str
-    details: Tuple[str, ...] = ()
+    details: Tuple[str, ...]
+    fake_refuses: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
