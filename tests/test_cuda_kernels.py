@@ -8,8 +8,6 @@ Criterion: ‖out − ref‖ / ‖ref‖ ≤ 1e-2 for bf16/fp16, 1e-5 for IEEE f
 TF32, and every element finite.
 """
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -327,24 +325,7 @@ def test_generic_kernel_is_eager_bit_for_bit(monkeypatch, dtype, bias):
 @pytest.mark.skipif(not _is_hopper(), reason="the small-M kernel needs compute capability 9.0")
 def test_small_m_failed_launch_is_a_runtime_error_naming_it():
     # The spec's cuda_launch path covers the kernels every GPU runs; this one runs on sm_90 alone.
-    import subprocess
-    import sys
-    import textwrap
+    from customops.testing.paths import assert_launch_fails
 
-    script = textwrap.dedent(
-        """
-        import torch, customops
-        x, w = torch.randn(4, 64, device="cuda").bfloat16(), torch.randn(64, 64, device="cuda").bfloat16()
-        try:
-            customops.fused_linear_sigmoid(x, w, None)
-            torch.cuda.synchronize()
-        except RuntimeError as e:
-            print("RAISED:", e)
-        print("AFTER:", torch.allclose(customops.sigmoid(x.float()), torch.sigmoid(x.float())))
-        """
-    )
-    env = dict(os.environ, CUSTOMOPS_TEST_FAIL_LAUNCH="fused_linear_sigmoid_small_m_kernel")
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "RAISED: customops: CUDA kernel fused_linear_sigmoid_small_m_kernel failed to launch: invalid" in proc.stdout
-    assert "AFTER: True" in proc.stdout, proc.stdout
+    setup = 'x, w = torch.randn(4, 64, device="cuda").bfloat16(), torch.randn(64, 64, device="cuda").bfloat16()'
+    assert_launch_fails("fused_linear_sigmoid_small_m_kernel", setup, "customops.fused_linear_sigmoid(x, w, None)")

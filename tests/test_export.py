@@ -344,24 +344,15 @@ def test_aoti_export_of_an_input_without_batch_dimension_says_so(model, tmp_path
     assert os.listdir(tmp_path) == []
 
 
-def test_command_line_input_shape_without_batch_dimension(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "customops.export",
-            DIGITS,
-            "--input-shape",
-            "64",
-            "--formats",
-            "pt2",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+def _export_cli(*args, env=None):
+    """python -m customops.export ARGS, in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "customops.export", *args], capture_output=True, text=True, timeout=600, env=env
     )
+
+
+def test_command_line_input_shape_without_batch_dimension(tmp_path):
+    out = _export_cli(DIGITS, "--input-shape", "64", "--formats", "pt2", "--out", str(tmp_path))
     assert (
         out.returncode == 1 and "a 1-D input has no batch dimension" in out.stderr and "Traceback" not in out.stderr
     ), out.stderr
@@ -395,41 +386,20 @@ def test_onnx_export_refuses_a_model_that_fixes_the_batch(tmp_path):
     ],
 )
 def test_command_line_errors_are_messages_not_tracebacks(args, message):
-    out = subprocess.run([sys.executable, "-m", "customops.export", *args], capture_output=True, text=True)
+    out = _export_cli(*args)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_command_line_refuses_a_state_dict_that_does_not_fit(tmp_path):
     path = str(tmp_path / "w.pt")
     torch.save({"not_a_parameter": torch.zeros(1)}, path)
-    out = subprocess.run(
-        [sys.executable, "-m", "customops.export", DIGITS, "--input-shape", "8,64", "--state-dict", path],
-        capture_output=True,
-        text=True,
-    )
+    out = _export_cli(DIGITS, "--input-shape", "8,64", "--state-dict", path)
     assert out.returncode == 2 and "does not fit the model" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
 def test_command_line(tmp_path):
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "customops.export",
-            DIGITS,
-            "--input-shape",
-            "4,64",
-            "--formats",
-            "pt",
-            "onnx",
-            "--out",
-            str(tmp_path),
-            "--name",
-            "digits",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    out = _export_cli(
+        DIGITS, "--input-shape", "4,64", "--formats", "pt", "onnx", "--out", str(tmp_path), "--name", "digits"
     )
     assert out.returncode == 0, out.stderr
     assert os.path.isfile(tmp_path / "digits.pt") and os.path.isfile(tmp_path / "digits.onnx")
@@ -439,24 +409,16 @@ def test_command_line_dynamic_dims(tmp_path):
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [TESTS, os.environ.get("PYTHONPATH")])))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "customops.export",
-            "test_export:make_sequence_model",
-            "--input-shape",
-            "3,4,6",
-            "--dynamic",
-            "0,1",
-            "--formats",
-            "onnx",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    out = _export_cli(
+        "test_export:make_sequence_model",
+        "--input-shape",
+        "3,4,6",
+        "--dynamic",
+        "0,1",
+        "--formats",
+        "onnx",
+        "--out",
+        str(tmp_path),
         env=env,
     )
     assert out.returncode == 0, out.stderr

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import warnings
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
@@ -617,41 +616,50 @@ def check_cuda_graph(spec: OpSpec, device: str, quick: bool = False) -> None:
         torch._dynamo.reset()
 
 
+def assert_launch_fails(kernel: str, setup: str, call: str, what: str = "") -> None:
+    """In a fresh process in which the test hook ``CUSTOMOPS_TEST_FAIL_LAUNCH=<kernel>`` gives
+    ``kernel`` an invalid block size, the Python ``call`` (after ``setup``) raises a
+    RuntimeError naming the kernel, and another op works afterwards (the error is not sticky)."""
+    after, expected = (
+        ("customops.sigmoid(x)", "torch.sigmoid(x)") if kernel == "add_kernel" else ("customops.add(x, x)", "x + x")
+    )
+    script = f"""import torch, customops
+{setup}
+try:
+    {call}
+    torch.cuda.synchronize()
+except RuntimeError as e:
+    print("RAISED:", e)
+else:
+    print("NO ERROR")
+x = torch.randn(64, 64, device="cuda")
+print("AFTER:", torch.allclose({after}, {expected}))
+"""
+    env = dict(os.environ, CUSTOMOPS_TEST_FAIL_LAUNCH=kernel)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{what}{kernel}: {proc.stderr[-3000:]}"
+    # CUDA calls the bad block size "invalid argument" or "invalid configuration argument".
+    assert f"RAISED: customops: CUDA kernel {kernel} failed to launch: invalid" in proc.stdout, (
+        f"{what}no failed launch of {kernel} was reported: {proc.stdout}"
+    )
+    assert "AFTER: True" in proc.stdout, proc.stdout
+
+
 def check_cuda_launch(spec: OpSpec, device: str, quick: bool = False) -> None:
-    """For each kernel of ``spec.cuda_kernels``, in a fresh process in which the test hook
-    ``CUSTOMOPS_TEST_FAIL_LAUNCH=<kernel>`` gives it an invalid block size: the op raises a
-    RuntimeError naming the kernel, and afterwards the op works (the error is not sticky)."""
+    """Each kernel of ``spec.cuda_kernels``, launched by its sample, through
+    :func:`assert_launch_fails`."""
     _need_device(device)
     if not spec.cuda_kernels:
         raise NotApplicable(f"{spec.name} launches no CUDA kernel of its own")
     for kernel, sample_name in list(spec.cuda_kernels.items())[: 1 if quick else None]:
-        script = textwrap.dedent(
-            f"""
-            import torch, customops
-            from customops.testing import OP_SPECS
-            from customops.testing.paths import assert_matches_reference
-            spec = next(s for s in OP_SPECS if s.name == {spec.name!r})
-            sample = spec.sample({sample_name!r}, "cuda")
-            try:
-                spec.op(*sample.args, **sample.kwargs)
-                torch.cuda.synchronize()
-            except RuntimeError as e:
-                print("RAISED:", e)
-            else:
-                print("NO ERROR")
-            x = torch.randn(64, 64, device="cuda")
-            print("AFTER:", torch.allclose(customops.add(x, x) if {kernel!r} != "add_kernel" else customops.sigmoid(x),
-                                           x + x if {kernel!r} != "add_kernel" else torch.sigmoid(x)))
-            """
+        setup = (
+            "from customops.testing import OP_SPECS\n"
+            f"spec = next(s for s in OP_SPECS if s.name == {spec.name!r})\n"
+            f"sample = spec.sample({sample_name!r}, 'cuda')"
         )
-        env = dict(os.environ, CUSTOMOPS_TEST_FAIL_LAUNCH=kernel)
-        proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, f"{spec.name}, {kernel}: {proc.stderr[-3000:]}"
-        # CUDA calls the bad block size "invalid argument" or "invalid configuration argument".
-        assert f"RAISED: customops: CUDA kernel {kernel} failed to launch: invalid" in proc.stdout, (
-            f"{spec.name}, sample {sample_name!r} did not report a failed launch of {kernel}: {proc.stdout}"
+        assert_launch_fails(
+            kernel, setup, "spec.op(*sample.args, **sample.kwargs)", f"{spec.name}, sample {sample_name!r}: "
         )
-        assert "AFTER: True" in proc.stdout, proc.stdout
 
 
 # --- one entry point ------------------------------------------------------------------------

@@ -131,9 +131,7 @@ class OpSpec:
     def samples(self, device: str, dtype: torch.dtype, requires_grad: bool = False, seed: int = 0) -> list:
         """The sample inputs, drawn from ``seed`` (the caller's random state is left alone):
         another seed gives the same calls with new values."""
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return list(self.sample_inputs(device, dtype, requires_grad))
+        return _seeded(seed, self.sample_inputs, device, dtype, requires_grad)
 
     def sample(self, name: str, device: str, dtype: torch.dtype = torch.float32) -> SampleInput:
         """The sample called ``name``."""
@@ -143,9 +141,14 @@ class OpSpec:
         return found[0]
 
     def errors(self, device: str) -> list:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            return list(self.error_inputs(device))
+        """The error inputs, drawn from a fixed seed."""
+        return _seeded(0, self.error_inputs, device)
+
+
+def _seeded(seed: int, generate: Callable[..., Iterable], *args) -> list:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return list(generate(*args))
 
 
 LAYOUTS = ("contiguous", "transposed", "strided", "padded", "offset", "channels_last")

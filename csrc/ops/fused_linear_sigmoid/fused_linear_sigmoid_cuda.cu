@@ -187,17 +187,13 @@ at::Tensor fused_linear_sigmoid_cuda(
   return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_cuda);
 }
 
-// The dispatch sees the 2-D view of x that the forward passes its kernels.
-at::Tensor as_rows(const at::Tensor& x, const at::Tensor& weight) {
-  return x.reshape({leading_rows(x), weight.size(1)});
-}
-
 std::string fused_linear_sigmoid_cuda_kernel(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_fused_linear_sigmoid_args(x, weight, bias);
   const c10::cuda::CUDAGuard device_guard(x.device());
   const std::optional<at::Tensor> b = bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
-  return fls_cuda::kernel_name(choose_kernel(as_rows(x, weight), weight, b));
+  // The dispatch sees what the forward hands its kernels: x's rows, a contiguous bias.
+  return fls_cuda::kernel_name(choose_kernel(x.reshape({leading_rows(x), weight.size(1)}), weight, b));
 }
 
 at::Tensor fused_linear_sigmoid_with_kernel_cuda(
@@ -208,13 +204,13 @@ at::Tensor fused_linear_sigmoid_with_kernel_cuda(
   const auto k = fls_cuda::kernel_from_name(name);
   TORCH_CHECK(
       k.has_value(), "customops: expected kernel to be one of ", fls_cuda::kernel_names(), ", but got '", name, "'");
-  const std::optional<at::Tensor> b = bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
-  TORCH_CHECK(
-      can_run(*k, as_rows(x, weight), weight, b), "customops: kernel ", name, " cannot run x of shape ",
-      shape_str(x.sizes()), " and dtype ", dtype_name(x.scalar_type()), " on this GPU and build");
+  // Checked on the arguments the forward hands its kernels (x's rows, a contiguous bias).
   return fused_linear_sigmoid_forward_impl(
       x, weight, bias,
-      [k](const at::Tensor& x2d, const at::Tensor& w, const std::optional<at::Tensor>& bc, at::Tensor& out2d) {
+      [&](const at::Tensor& x2d, const at::Tensor& w, const std::optional<at::Tensor>& bc, at::Tensor& out2d) {
+        TORCH_CHECK(
+            can_run(*k, x2d, w, bc), "customops: kernel ", name, " cannot run x of shape ", shape_str(x.sizes()),
+            " and dtype ", dtype_name(x.scalar_type()), " on this GPU and build");
         run_kernel(*k, x2d, w, bc, out2d);
       });
 }
