@@ -11,9 +11,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from common import bench_round_robin
 
 import customops
+from common import bench_round_robin
 
 KN = [(256, 256), (512, 2048), (1024, 4096), (4096, 4096), (4096, 1024), (2048, 8192), (768, 3072)]
 MS = [1, 2, 4, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 256, 511, 512, 1024, 2048, 8192]
@@ -32,12 +32,17 @@ def main():
             w = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
             b = torch.randn(n, device="cuda", dtype=dtype)
             t = bench_round_robin(
-                {"ours": lambda: customops.fused_linear_sigmoid(x, w, b), "eager": lambda: torch.sigmoid(F.linear(x, w, b))}
+                {
+                    "ours": lambda: customops.fused_linear_sigmoid(x, w, b),
+                    "eager": lambda: torch.sigmoid(F.linear(x, w, b)),
+                }
             )
             kernel = torch.ops.customops._fused_linear_sigmoid_cuda_kernel(x, w, b)
             rows.append((m, k, n, kernel, t["ours"], t["eager"], t["eager"] / t["ours"]))
     rows.sort(key=lambda r: r[-1])
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; worst {args.worst} (eager / ours):")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}; worst {args.worst} (eager / ours):"
+    )
     for m, k, n, kernel, ours, eager, ratio in rows[: args.worst]:
         print(f"M={m} K={k} N={n} {kernel} ours {ours:.1f} us eager {eager:.1f} us ratio {ratio:.3f}")
     below = sum(r[-1] < 0.98 for r in rows)
