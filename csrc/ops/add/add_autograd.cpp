@@ -35,6 +35,10 @@ class AddFunction : public torch::autograd::Function<AddFunction> {
 };
 
 at::Tensor add_autograd(const at::Tensor& a, const at::Tensor& b) {
+  if (!any_records_autograd(a, b)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return add_op(a, b);
+  }
   return AddFunction::apply(a, b);
 }
 

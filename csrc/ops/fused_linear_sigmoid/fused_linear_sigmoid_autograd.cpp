@@ -110,12 +110,20 @@ class FusedLinearSigmoidFunction : public torch::autograd::Function<FusedLinearS
 
 at::Tensor fused_linear_sigmoid_autograd(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
+  if (!any_records_autograd(x, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_op(x, weight, bias);
+  }
   return FusedLinearSigmoidFunction::apply(x, weight, bias);
 }
 
 BackwardOutputs fused_linear_sigmoid_backward_autograd(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& weight, const at::Tensor& y,
     std::array<bool, 3> output_mask) {
+  if (!any_records_autograd(grad_out, x, weight, y)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return backward_op(grad_out, x, weight, y, output_mask);
+  }
   const auto grads = FusedLinearSigmoidBackwardFunction::apply(grad_out, x, weight, y, output_mask);
   return {grads[0], grads[1], grads[2]};
 }

@@ -64,10 +64,18 @@ class SigmoidFunction : public torch::autograd::Function<SigmoidFunction> {
 };
 
 at::Tensor sigmoid_autograd(const at::Tensor& x) {
+  if (!any_records_autograd(x)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return sigmoid_op(x);
+  }
   return SigmoidFunction::apply(x);
 }
 
 at::Tensor sigmoid_backward_autograd(const at::Tensor& grad_out, const at::Tensor& y) {
+  if (!any_records_autograd(grad_out, y)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return sigmoid_backward_op(grad_out, y);
+  }
   return SigmoidBackwardFunction::apply(grad_out, y);
 }
 

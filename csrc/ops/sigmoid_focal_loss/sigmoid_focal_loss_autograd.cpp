@@ -98,12 +98,20 @@ class SigmoidFocalLossFunction : public torch::autograd::Function<SigmoidFocalLo
 
 at::Tensor sigmoid_focal_loss_autograd(
     const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma, c10::string_view reduction) {
+  if (!any_records_autograd(inputs, targets)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_op(inputs, targets, alpha, gamma, reduction);
+  }
   return SigmoidFocalLossFunction::apply(inputs, targets, alpha, gamma, reduction);
 }
 
 BackwardOutputs sigmoid_focal_loss_backward_autograd(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     c10::string_view reduction, std::array<bool, 2> output_mask) {
+  if (!any_records_autograd(grad_out, inputs, targets)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return backward_op(grad_out, inputs, targets, alpha, gamma, reduction, output_mask);
+  }
   const auto grads =
       SigmoidFocalLossBackwardFunction::apply(grad_out, inputs, targets, alpha, gamma, reduction, output_mask);
   return {grads[0], grads[1]};
