@@ -34,6 +34,31 @@ def test_larger_shapes_hit_vector_and_tail_paths(device, dtype):
         assert_close_ref(out, reference(x, w / 10, b), dtype)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 300])  # 300 x 257: more than one thread's share of the pass
+@pytest.mark.parametrize("out_features", [1, 7, 8, 9, 257])  # whole 8-float vectors and tails
+def test_cpu_float32_bias_sigmoid_pass_matches_aten(rows, out_features):
+    # The CPU float32 forward runs its own bias + sigmoid pass (Cephes expf) after the GEMM; it
+    # must agree with ATen's sigmoid to about an ulp, with and without a bias.
+    x, w = torch.randn(rows, 40), torch.randn(out_features, 40) / 4
+    for b in (torch.randn(out_features) * 10, None):
+        out = op(x, w, b)
+        torch.testing.assert_close(out, torch.sigmoid(F.linear(x, w, b)), rtol=1e-6, atol=1e-37)
+        assert_close_ref(out, reference(x, w, b), torch.float32)
+
+
+def test_cpu_float32_bias_sigmoid_pass_at_the_limits():
+    # Pre-activations through the bias: around exp's normal range (|z| = 87.3), beyond it, and
+    # non-finite. Below -87.3 the pass gives 0 where the true value is under 1.2e-38.
+    z = torch.tensor(
+        [0.0, -0.0, 1e-8, -1e-8, 1, -1, 10, -10, 20, -20, 80, -80, 87, -87, 87.3, -87.3, 88, -88, 100, -100]
+        + [float("inf"), float("-inf"), float("nan"), 3.0]  # 24 values: three whole vectors
+    )
+    out = op(torch.zeros(2, 8), torch.zeros(len(z), 8), z)
+    expected = torch.sigmoid(z.double()).float().expand(2, -1)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1.3e-38, equal_nan=True)
+    assert out[:, z == float("-inf")].eq(0).all() and out[:, z == float("inf")].eq(1).all()
+
+
 def test_extreme_logits_saturate_without_nan(device):
     x = torch.tensor([[1.0], [-1.0]], device=device)
     w = torch.tensor([[1e4], [-1e4]], device=device)

@@ -1,6 +1,18 @@
-// fused_linear_sigmoid and its backward, CPU kernels: GEMM (with the bias) through
-// ATen, then the sigmoid in place over the output (linear_sigmoid_aten).
+// fused_linear_sigmoid and its backward, CPU kernels.
+//
+// Forward, float32: the GEMM through ATen (MKL/oneDNN/OpenBLAS) without the bias, then one
+// pass of our own that adds the bias and applies the sigmoid. ATen's addmm would first copy
+// the bias into every output row and its sigmoid_ is a second TensorIterator pass; at small
+// shapes those two are a third of a call's host time, at large ones two extra trips over the
+// output (docs/design.md, "CPU forward"). The pass is compiled for AVX-512, AVX2 and baseline
+// x86-64, picked at load time (GCC's target_clones): this library is built once with generic
+// flags for any x86-64 CPU. Other dtypes: ATen's addmm + sigmoid_ (linear_sigmoid_aten).
+#include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "../sigmoid/sigmoid.h"
 #include "fused_linear_sigmoid.h"
@@ -9,10 +21,87 @@
 namespace customops {
 namespace {
 
+// Eight floats (GCC/Clang vector extensions): the compiler lowers them to one AVX register, or
+// two SSE ones in the baseline clone.
+typedef float Floats8 __attribute__((vector_size(32)));
+typedef int32_t Ints8 __attribute__((vector_size(32)));
+
+// sigmoid(z) from e = exp(-|z|) in (0, 1], which cannot overflow: 1 / (1 + e) for z >= 0,
+// e / (1 + e) below. exp is Cephes' expf (Cody-Waite reduction, degree-5 polynomial, about
+// 1 ulp). Below exp's normal range (|z| > 87.3) e is 0, so sigmoid(z) is 0 for z < -87.3 (true
+// value below 1.2e-38) and 1 above 87.3; NaN stays NaN, +-inf give 1 and 0.
+// In place (vectors by reference: a 32-byte vector argument would be ABI-dependent).
+[[gnu::always_inline]] inline void sigmoid8(Floats8& z) {
+  const Floats8 zero = {};
+  const Floats8 t = z < zero ? z : -z;  // -|z|; NaN stays NaN
+  const Ints8 underflow = t < -87.3f;
+  const Floats8 tc = underflow ? zero - 87.3f : t;
+  const Ints8 n = __builtin_convertvector(tc * 1.44269504f - 0.5f, Ints8);  // round(tc / ln 2), tc <= 0
+  const Floats8 fn = __builtin_convertvector(n, Floats8);
+  const Floats8 r = (tc - fn * 0.693359375f) + fn * 2.12194440e-4f;
+  Floats8 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const Floats8 scale = reinterpret_cast<Floats8>((n + 127) << 23);  // 2^n, n >= -126: a normal float
+  const Floats8 e = underflow ? zero : p * scale;
+  const Floats8 s = 1.f / (1.f + e);
+  const Floats8 positive = z == z ? s : z;
+  z = z < zero ? e * s : positive;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define CUSTOMOPS_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CUSTOMOPS_CPU_CLONES
+#endif
+
+// out[r, c] <- sigmoid(out[r, c] + bias[c]) over rows [r0, r1) of a contiguous (rows, cols)
+// matrix; bias may be null. A row's last cols % 8 elements go through the same vector code (a
+// padded copy), so every element gets the same rounding.
+CUSTOMOPS_CPU_CLONES void bias_sigmoid_rows(float* out, const float* bias, int64_t r0, int64_t r1, int64_t cols) {
+  for (int64_t r = r0; r < r1; ++r) {
+    float* row = out + r * cols;
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      Floats8 v, b = {};
+      std::memcpy(&v, row + c, sizeof(v));
+      if (bias != nullptr) std::memcpy(&b, bias + c, sizeof(b));
+      v += b;
+      sigmoid8(v);
+      std::memcpy(row + c, &v, sizeof(v));
+    }
+    if (c < cols) {
+      const size_t tail = static_cast<size_t>(cols - c) * sizeof(float);
+      Floats8 v = {}, b = {};
+      std::memcpy(&v, row + c, tail);
+      if (bias != nullptr) std::memcpy(&b, bias + c, tail);
+      v += b;
+      sigmoid8(v);
+      std::memcpy(row + c, &v, tail);
+    }
+  }
+}
+
+void linear_sigmoid_cpu(
+    const at::Tensor& x2d, const at::Tensor& weight, const c10::optional<at::Tensor>& bias, at::Tensor& out2d) {
+  if (x2d.scalar_type() != at::kFloat) return linear_sigmoid_aten(x2d, weight, bias, out2d);
+  at::mm_out(out2d, x2d, weight.t());
+  float* out = out2d.data_ptr<float>();
+  const float* b = bias.has_value() ? bias->const_data_ptr<float>() : nullptr;
+  const int64_t rows = out2d.size(0), cols = out2d.size(1);
+  // Threads only where each gets at least 32K elements (about 10 us): below that, waking the
+  // pool costs more than the pass.
+  const int64_t grain_rows = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain_rows, [&](int64_t r0, int64_t r1) { bias_sigmoid_rows(out, b, r0, r1, cols); });
+}
+
 at::Tensor fused_linear_sigmoid_cpu(
     const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias) {
   check_fused_linear_sigmoid_args(x, weight, bias);
-  return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_aten);
+  return fused_linear_sigmoid_forward_impl(x, weight, bias, linear_sigmoid_cpu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_linear_sigmoid_backward_cpu(
