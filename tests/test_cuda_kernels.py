@@ -199,9 +199,9 @@ def test_float32_follows_the_new_fp32_precision_setting(monkeypatch):
     # fall through to Pingpong (the dispatch would raise an internal error otherwise).
     owner = torch.backends.cuda.matmul
     monkeypatch.setattr(owner, "fp32_precision", "tf32")
-    x = torch.randn(512, 256, device="cuda")
-    w = torch.randn(192, 256, device="cuda") / 16
-    b = torch.randn(192, device="cuda")
+    x = torch.randn(2048, 256, device="cuda")
+    w = torch.randn(2048, 256, device="cuda") / 16
+    b = torch.randn(2048, device="cuda")
     out = customops.fused_linear_sigmoid(x, w, b)
     ref = torch.sigmoid(F.linear(x.double(), w.double(), b.double()))
     assert _rel_err(out, ref) <= 5e-4
@@ -236,11 +236,15 @@ DISPATCH_CASES = [  # (M, K, N, dtype, the kernel choose_kernel must pick on Hop
     (9, 256, 256, torch.bfloat16, "generic"),
     (511, 512, 256, torch.bfloat16, "generic"),
     (512, 512, 256, torch.bfloat16, "sm90_pingpong_128x128_epi64"),  # K <= 512
-    (512, 520, 256, torch.float16, "sm90_pingpong_128x128"),
+    (512, 520, 2048, torch.float16, "sm90_pingpong_128x128"),
     (2048, 2048, 8192, torch.bfloat16, "sm90_coop_128x256"),  # M * N = 2^24
     (2048, 2048, 8200, torch.bfloat16, "sm90_pingpong_128x128"),  # M * N > 2^24
     (2047, 2048, 4096, torch.bfloat16, "sm90_pingpong_128x128"),  # M < 2048
-    (4096, 2048, 248, torch.float16, "sm90_pingpong_128x128"),  # N < 256
+    (16384, 2048, 248, torch.float16, "sm90_pingpong_128x128"),  # N < 256
+    # The wave model: too few output tiles for the SMs over a long K.
+    (512, 4096, 1024, torch.bfloat16, "generic"),  # 32 tiles
+    (8192, 8192, 128, torch.bfloat16, "generic"),  # a router's shape: 64 tiles
+    (2048, 4096, 1024, torch.bfloat16, "sm90_pingpong_128x128"),  # Cooperative's 64 tiles lose, Pingpong's 128 not
     (512, 256, 192, torch.float32, "generic"),  # IEEE float32 (TF32 not allowed)
 ]
 
@@ -269,7 +273,7 @@ def test_tf32_at_small_k_takes_pingpong_not_the_16_bit_only_kernel(monkeypatch):
             "the CUTLASS kernels were not built, but this is a Hopper GPU: pip install nvidia-cutlass and rebuild"
         )
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
-    x, w = torch.randn(512, 256, device="cuda"), torch.randn(192, 256, device="cuda") / 16
+    x, w = torch.randn(2048, 256, device="cuda"), torch.randn(2048, 256, device="cuda") / 16
     assert KERNEL_FOR(x, w) == "sm90_pingpong_128x128"
 
 

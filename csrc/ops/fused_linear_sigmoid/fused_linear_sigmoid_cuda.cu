@@ -145,6 +145,29 @@ bool can_run(Kernel k, const at::Tensor& x2d, const at::Tensor& weight, const st
          fls_cuda::sm90_supported(k, x2d, weight, bias);
 }
 
+// Whether data-parallel CUTLASS kernel k (one output tile per CTA at a time, persistent) beats
+// eager's calls at this shape, by a model with three constants measured on the H200
+// (docs/design.md, "Wave model"): the kernel takes ceil(tiles / SMs) waves of one tile each
+// (2 * tile_m * tile_n * K flops at kTileFlops per SM), while eager's GEMM (cuBLAS, which splits
+// K where the tiles are too few) is charged the ideal 2 * M * N * K / (SMs * kTileFlops),
+// plus the second pass that the fusion saves (a launch gap and a read and write of the output).
+// Where the waves waste more SM time than that pass costs, for instance a few output tiles over
+// a long K (routers, gates, small heads), the kernel would lose and is not picked. The model
+// is charitable to cuBLAS, so it errs towards eager's calls, never towards a slower kernel.
+bool wave_model_wins(Kernel k, int64_t M, int64_t K, int64_t N, at::ScalarType dtype, int64_t sms) {
+  constexpr double kTileFlops16 = 5.0e12;  // 16-bit wgmma flop/s per SM, from one-wave runs
+  constexpr double kBytesPerSecond = 3.0e12;  // HBM under the benchmarks' L2 flush
+  constexpr double kPassOverheadSeconds = 3.0e-6;  // eager minus mm alone at small outputs
+  const double flops_per_sm = dtype == at::kFloat ? kTileFlops16 / 2 : kTileFlops16;  // TF32: half rate
+  const int64_t tile_m = 128, tile_n = k == Kernel::kSm90Coop128x256 ? 256 : 128;
+  const int64_t tiles = ((M + tile_m - 1) / tile_m) * ((N + tile_n - 1) / tile_n);
+  const double waves = static_cast<double>((tiles + sms - 1) / sms);
+  const double kernel_s = waves * 2.0 * tile_m * tile_n * K / flops_per_sm;
+  const double ideal_s = 2.0 * M * N * K / (sms * flops_per_sm);
+  const double pass_s = kPassOverheadSeconds + 2.0 * M * N * c10::elementSize(dtype) / kBytesPerSecond;
+  return kernel_s - ideal_s <= pass_s;
+}
+
 // The kernel that runs these arguments, by shape and dtype.
 Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   // Thresholds measured on an H200 (docs/design.md): the small-M kernel beats cuBLAS + a
@@ -152,17 +175,21 @@ Kernel choose_kernel(const at::Tensor& x2d, const at::Tensor& weight, const std:
   // fusion wins. There, Pingpong (whose epilogue overlaps the other warpgroup's MMAs), with
   // the wider epilogue tile at K <= 512 (16-bit only), and Cooperative 128x256 for outputs of
   // at most 4096x4096 at large M and K (16-bit only; Pingpong was faster at 16384x4096x4096,
-  // at 4096^3 the runs disagree), at least one 256-wide tile across. In between, the generic
-  // path (eager's own calls).
+  // at 4096^3 the runs disagree), at least one 256-wide tile across; each only where the wave
+  // model says it wins, else the next. In between, and where none wins, the generic path
+  // (eager's own calls).
   const int64_t M = x2d.size(0), K = x2d.size(1), N = weight.size(0);
   if (M <= 8 && N <= 8192 && fls_cuda::small_m_supported(x2d, weight)) return Kernel::kSmallM;
   if (M < 512) return Kernel::kGeneric;
+  const int64_t sms = at::cuda::getDeviceProperties(x2d.get_device())->multiProcessorCount;
   // sm90_supported decides what each kernel can run (dtype, TF32 setting, alignment).
-  const auto runs = [&](Kernel k) { return fls_cuda::sm90_supported(k, x2d, weight, bias); };
-  if (K <= 512 && runs(Kernel::kSm90Pingpong128Epi64)) return Kernel::kSm90Pingpong128Epi64;
+  const auto wins = [&](Kernel k) {
+    return fls_cuda::sm90_supported(k, x2d, weight, bias) && wave_model_wins(k, M, K, N, x2d.scalar_type(), sms);
+  };
+  if (K <= 512 && wins(Kernel::kSm90Pingpong128Epi64)) return Kernel::kSm90Pingpong128Epi64;
   const bool coop_shape = M >= 2048 && K >= 2048 && N >= 256 && M * N <= (int64_t{1} << 24);
-  if (coop_shape && runs(Kernel::kSm90Coop128x256)) return Kernel::kSm90Coop128x256;
-  return runs(Kernel::kSm90Pingpong128) ? Kernel::kSm90Pingpong128 : Kernel::kGeneric;
+  if (coop_shape && wins(Kernel::kSm90Coop128x256)) return Kernel::kSm90Coop128x256;
+  return wins(Kernel::kSm90Pingpong128) ? Kernel::kSm90Pingpong128 : Kernel::kGeneric;
 }
 
 void run_kernel(
