@@ -262,10 +262,12 @@ def main(argv=None) -> int:
             for m in r["error_messages"]:
                 print(f"  error: {m}")
     cpu = _cpu_name()
+    load = " ".join(f"{v:.1f}" for v in os.getloadavg())
     header = (
         f"# customops.serve load test\n\n"
         f"- date: {datetime.date.today().isoformat()}\n"
-        f"- machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}\n"
+        f"- machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; load average "
+        f"at the end {load} (the clients and their eager checks share the cores with the server)\n"
         f"- torch {torch.__version__}, customops {customops.__version__}, device {args.device}\n"
         f"- command: `python -m customops.serve.loadtest {' '.join(argv if argv is not None else sys.argv[1:])}`\n"
         f"- model: FusedLinearSigmoid 64->128, FusedLinearSigmoid 128->64, Linear 64->10 (TorchScript), "
@@ -273,16 +275,17 @@ def main(argv=None) -> int:
         "rows, every output checked against eager\n\n"
     )
     table = [
-        "| clients | requests | errors | req/s | rows/s | p50 ms | p99 ms | forward calls | requests per call "
-        "(max) | rows per call (median, max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| clients | requests | errors | req/s | rows/s | p50 ms | p99 ms | Triton executions (metrics) | "
+        "forward calls | requests per call (max) | rows per call (median, max) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["server_batches"] or {"forward_calls": 0, "requests_per_call": {"0": 0}, "rows_per_call": {"0": 0}}
         row_sizes = [int(k) for k, v in s["rows_per_call"].items() for _ in range(v)]
         table.append(
             f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['ok'] / r['seconds']:.1f} | "
-            f"{r['rows'] / r['seconds']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {s['forward_calls']} | "
+            f"{r['rows'] / r['seconds']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['triton_executions']:.0f} | "
+            f"{s['forward_calls']} | "
             f"{s['requests'] / max(1, s['forward_calls']):.2f} ({max(int(k) for k in s['requests_per_call'])}) | "
             f"{statistics.median(row_sizes) if row_sizes else 0:.0f}, {max(row_sizes) if row_sizes else 0} |"
         )
