@@ -503,3 +503,9 @@ def test_triton_repository_refuses_outputs_without_the_batch(tmp_path):
     paths = export_model(Pooled(), torch.randn(4, 3), str(tmp_path), formats=("pt",), triton_max_batch_size=0)
     config = _model_config(os.path.join(paths["triton"], "pytorch", "model", "config.pbtxt"))
     assert config.max_batch_size == 0 and [list(t.dims) for t in config.input] == [[-1, 3]]
+
+
+def test_triton_repository_of_an_input_without_batch_dimension_says_so(model, tmp_path):
+    with pytest.raises(ValueError, match="a 1-D input has no batch dimension"):
+        export_model(model, torch.randn(12), str(tmp_path), formats=("pt",))
+    assert os.listdir(tmp_path) == []

@@ -23,7 +23,7 @@ pytest.importorskip("pytriton", reason="nvidia-pytriton is not installed (pip in
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
 
 from customops.export import export_model  # noqa: E402
-from customops.serve.loadtest import Server, free_ports, run_clients  # noqa: E402
+from customops.serve.loadtest import Server, free_ports, metric, run_clients  # noqa: E402
 from test_export import ThreeOpModel  # noqa: E402
 
 FEATURES = 12
@@ -123,25 +123,36 @@ def test_malformed_request_bodies_are_errors(server, model):
     np.testing.assert_allclose(infer(server.url, good), model(torch.from_numpy(good)).detach().numpy(), rtol=1e-5)
 
 
-def test_a_client_that_disconnects_mid_request(server, model):
+def test_clients_that_disconnect_mid_request(server, model):
+    head = b"POST /v2/models/model/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    # Half a body, then gone.
     with socket.create_connection(("127.0.0.1", server.http), timeout=10) as s:
         s.sendall(
-            b"POST /v2/models/model/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100000\r\n\r\n" + b'{"inputs": [{"name": "INPUT__0", "shape": [4, 12], "data": [0.'
+            head + b"Content-Length: 100000\r\n\r\n" + b'{"inputs": [{"name": "INPUT__0", "shape": [4, 12], "data": [0.'
         )
+    # A whole request, gone before the response: the server computes it and drops the answer.
+    body = json.dumps(
+        {"inputs": [{"name": "INPUT__0", "shape": [64, FEATURES], "datatype": "FP32", "data": [0.5] * 64 * FEATURES}]}
+    ).encode()
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", server.http), timeout=10) as s:
+            s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
     good = np.ones((4, FEATURES), np.float32)
     np.testing.assert_allclose(infer(server.url, good), model(torch.from_numpy(good)).detach().numpy(), rtol=1e-5)
 
 
 def test_sigterm_finishes_accepted_requests_and_reports_batches(exported, model):
     # A long queue delay keeps the requests waiting in Triton's batcher when SIGTERM comes.
-    server = Server(exported, "--max-queue-delay-us", "1500000")
+    server = Server(exported, "--max-queue-delay-us", "5000000")
     try:
         rng = np.random.default_rng(0)
         xs = [rng.standard_normal((n, FEATURES), dtype=np.float32) for n in (3, 5, 7, 9)]
         with concurrent.futures.ThreadPoolExecutor(len(xs)) as pool:
             futures = [pool.submit(infer, server.url, x) for x in xs]
-            time.sleep(0.5)
+            deadline = time.monotonic() + 20
+            while metric(server.metrics_text(), "nv_inference_pending_request_count") < len(xs):
+                assert time.monotonic() < deadline, "the requests did not reach the server's queue"
+                time.sleep(0.05)
             code, summary = server.stop()
             outs = [f.result(timeout=60) for f in futures]
     finally:

@@ -52,8 +52,8 @@ def export_model(
     dynamic (1..``max_dim``) in every input of more than d dims. Example inputs of size 1 at a
     dynamic dim are exported at size 2. The files appear only when every format has been
     written: if one fails, its error is raised and none of this call's files are left (files of
-    an earlier call stay as they were). Raises ValueError, before writing anything, when
-    ``triton`` is asked and an output does not keep the batch as dim 0."""
+    an earlier call stay as they were). Raises ValueError, leaving no file, when ``triton``
+    is asked and an output does not keep the batch as dim 0."""
     if isinstance(formats, str):
         formats = (formats,)
     formats = list(formats)
@@ -61,9 +61,6 @@ def export_model(
         if fmt not in FORMATS:
             raise ValueError(f"customops: unknown export format {fmt!r}; expected one of {FORMATS}")
     triton = triton and any(f in formats for f in ("pt", "pt2"))
-    if triton:  # checks the outputs before anything is written
-        batched = triton_max_batch_size > 0 and 0 in dynamic_dims
-        _triton.io_configs(model, _as_tuple(example_inputs), dynamic_dims, batched)
     os.makedirs(out_dir, exist_ok=True)
     shape_args = dict(max_batch=max_batch, dynamic_dims=dynamic_dims, max_dim=max_dim)
     writers = {
@@ -76,6 +73,9 @@ def export_model(
     try:
         for fmt in formats:
             writers[fmt](os.path.join(stage, files[fmt]))
+        if triton:  # the outputs' check, before any file appears
+            batched = triton_max_batch_size > 0 and 0 in dynamic_dims
+            _triton.io_configs(model, _as_tuple(example_inputs), dynamic_dims, batched)
         _publish(stage, out_dir, last=tuple(files.values()))
     finally:
         shutil.rmtree(stage, ignore_errors=True)

@@ -28,6 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ._common import _batch_hint
+
 # Rows per request and per batch that Triton's dynamic batcher forms, by default.
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_QUEUE_DELAY_US = 1000
@@ -164,7 +166,13 @@ def io_configs(
     dims = sorted(set(dynamic_dims))
     with torch.no_grad():
         first = _leaves(model(*example_inputs))
-        second = _leaves(model(*(_grown(t, dims) for t in example_inputs)))
+        try:
+            second = _leaves(model(*(_grown(t, dims) for t in example_inputs)))
+        except RuntimeError as e:
+            raise ValueError(
+                f"customops: the model fails with one more row at its dynamic dims {dims}, so a Triton config "
+                f"cannot make them dynamic ({str(e).strip().splitlines()[0]}). " + _batch_hint(example_inputs)
+            ) from e
     inputs = tuple(
         TensorConfig(f"INPUT__{i}", triton_dtype(t.dtype), tuple(-1 if d in dims else s for d, s in enumerate(t.shape)))
         for i, t in enumerate(example_inputs)
