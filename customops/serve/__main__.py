@@ -12,8 +12,10 @@ Triton formed as one ``customops.serve: batches {json}`` line.
 
 import argparse
 import json
+import os
 import signal
 import sys
+import tempfile
 import threading
 
 
@@ -31,7 +33,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-queue-delay-us", type=int, default=1000, help="how long a batch waits for more requests")
     parser.add_argument("--instances", type=int, default=1, help="model instances (threads running batches)")
     parser.add_argument("--drain-timeout", type=int, default=30, help="seconds to finish accepted requests on exit")
-    parser.add_argument("--verbose", action="store_true", help="print tritonserver's log")
+    parser.add_argument("--verbose", action="store_true", help="print tritonserver's log (else it goes to a file)")
     args = parser.parse_args(argv)
 
     def fail(message: str) -> int:
@@ -61,6 +63,12 @@ def main(argv=None) -> int:
     from pytriton.triton import Triton, TritonConfig
 
     use_this_interpreters_libpython()
+    # tritonserver's own log goes to a file unless --verbose; a failure names the file.
+    log_fd, log_path = (
+        (None, None) if args.verbose else tempfile.mkstemp(prefix="customops-tritonserver-", suffix=".log")
+    )
+    if log_fd is not None:
+        os.close(log_fd)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -73,6 +81,7 @@ def main(argv=None) -> int:
         metrics_port=args.metrics_port,
         exit_timeout_secs=args.drain_timeout,
         log_verbose=1 if args.verbose else None,
+        log_file=log_path,
     )
     stats = BatchStats()
     triton = Triton(config=config)
@@ -87,11 +96,13 @@ def main(argv=None) -> int:
         )
         while not stop.wait(0.5):
             if not triton.is_alive():
-                return fail("tritonserver exited")
+                return fail(f"tritonserver exited (its log: {log_path or 'above'})")
     except Exception as e:  # noqa: BLE001 - PyTriton raises several types when the server cannot start
-        return fail(f"the server did not start: {type(e).__name__}: {e}")
+        return fail(f"the server did not start: {type(e).__name__}: {e} (tritonserver's log: {log_path or 'above'})")
     finally:
         triton.stop()  # tritonserver finishes the accepted requests first (exit_timeout_secs)
+    if log_path:
+        os.remove(log_path)
     print("customops.serve: batches " + json.dumps(stats.summary()), flush=True)
     return 0
 
