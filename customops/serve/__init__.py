@@ -87,8 +87,8 @@ def load_served_model(exported: str, name: str = "model", fmt: str = "auto", dev
     config_path = os.path.join(exported, REPOSITORY_DIR, "python", name, "config.pbtxt")
     if not os.path.isfile(config_path):
         raise ServeError(
-            f"{config_path} is missing: export the model with python -m customops.export (without --no-triton), "
-            "which writes the inputs and outputs there"
+            f"{config_path} is missing: the inputs and outputs come from there, which python -m customops.export "
+            "writes when TorchScript (pt) is among its --formats and --no-triton is not given"
         )
     config = read_model_config(config_path)
     if fmt == "auto":
