@@ -44,6 +44,12 @@ def main(argv=None) -> int:
         import pytriton  # noqa: F401
     except ImportError:
         return fail("serving needs PyTriton: pip install 'customops[serve]' (or nvidia-pytriton)")
+    from importlib.metadata import version
+
+    found = version("nvidia-pytriton")
+    if tuple(int(v) for v in found.split(".")[:2]) < (0, 7):
+        # Seen with 0.5.7 beside numpy 2: every response came back empty.
+        return fail(f"nvidia-pytriton {found} is installed; customops.serve needs 0.7 or later (customops[serve])")
     import torch
 
     from . import BatchStats, ServeError, bind, load_served_model, use_this_interpreters_libpython
