@@ -47,8 +47,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # formatters pinned: their output changes between versions); customops itself is installed
   # with --no-deps below. --no-warn-conflicts: nvidia-cutlass's own requirements are
   # deliberately missing.
-  # nvidia-pytriton and tritonclient: the serving tests (customops[serve], pyproject.toml says
-  # why >=0.7); about 1 minute more.
+  # nvidia-pytriton and tritonclient: the serving tests (customops[serve]; pyproject.toml says
+  # why >=0.7, which brings numpy<2); about 1 minute more.
   quiet_pip --no-warn-conflicts pytest hypothesis scikit-learn tqdm onnx onnxscript onnxruntime matplotlib \
     "nvidia-pytriton>=0.7" "tritonclient[http,grpc]" ruff==0.17.6 clang-format==23.1.5 "pre-commit>=3.2" pre-commit-hooks
 fi

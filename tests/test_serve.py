@@ -277,3 +277,14 @@ def test_libpython_path_comes_first():
     env = {"LD_LIBRARY_PATH": "/a:" + sysconfig.get_config_var("LIBDIR") + ":/b"}
     use_this_interpreters_libpython(env)
     assert env["LD_LIBRARY_PATH"].split(":") == [sysconfig.get_config_var("LIBDIR"), "/a", "/b"]
+
+
+def test_numpy_2_is_refused_with_one_line(monkeypatch, capsys, exported):
+    import numpy
+
+    from customops.serve.__main__ import main
+
+    monkeypatch.setattr(numpy, "__version__", "2.4.6")
+    assert main([exported]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "numpy 2.4.6 is installed" in err[0] and "numpy<2" in err[0], err

@@ -44,12 +44,14 @@ def main(argv=None) -> int:
         import pytriton  # noqa: F401
     except ImportError:
         return fail("serving needs PyTriton: pip install 'customops[serve]' (or nvidia-pytriton)")
-    from importlib.metadata import version
+    import numpy
 
-    found = version("nvidia-pytriton")
-    if tuple(int(v) for v in found.split(".")[:2]) < (0, 7):
-        # Seen with 0.5.7 beside numpy 2: every response came back empty.
-        return fail(f"nvidia-pytriton {found} is installed; customops.serve needs 0.7 or later (customops[serve])")
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        # Seen with PyTriton 0.5.7 and 0.7.0: every response came back empty.
+        return fail(
+            f"numpy {numpy.__version__} is installed, with which PyTriton answers every request with an empty "
+            "output; install numpy<2 (pip install 'customops[serve]' brings PyTriton 0.7, which pins it)"
+        )
     import torch
 
     from . import BatchStats, ServeError, bind, load_served_model, use_this_interpreters_libpython
