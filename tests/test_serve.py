@@ -47,7 +47,10 @@ def exported(model, tmp_path_factory):
 def server(exported):
     s = Server(exported, "--max-queue-delay-us", "2000")
     yield s
+    code, summary = s.stop()
     s.kill()
+    # After every test on it, bad requests included, it still exits cleanly.
+    assert code == 0 and summary["requests"] > 0, "".join(s.lines[-20:])
 
 
 def infer(url, x, datatype="FP32", shape=None):
