@@ -47,8 +47,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # formatters pinned: their output changes between versions); customops itself is installed
   # with --no-deps below. --no-warn-conflicts: nvidia-cutlass's own requirements are
   # deliberately missing.
+  # nvidia-pytriton and tritonclient: the serving tests (customops[serve]; pyproject.toml says
+  # why >=0.7, which brings numpy<2); about 1 minute more.
   quiet_pip --no-warn-conflicts pytest hypothesis scikit-learn tqdm onnx onnxscript onnxruntime matplotlib \
-    ruff==0.17.6 clang-format==23.1.5 "pre-commit>=3.2" pre-commit-hooks
+    "nvidia-pytriton>=0.7" "tritonclient[http,grpc]" ruff==0.17.6 clang-format==23.1.5 "pre-commit>=3.2" pre-commit-hooks
 fi
 # The op library must be compiled against the torch it runs with: no build isolation. pip
 # prints the build's output only with -v; of that, show ninja's [n/N] progress with the file

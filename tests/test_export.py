@@ -441,3 +441,71 @@ def test_cli_without_onnx_packages_says_what_to_install(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert "needs onnxscript" in err and "customops[export]" in err and "--formats pt pt2" in err
     assert not (tmp_path / "out").exists()  # refused before anything was exported
+
+
+def _model_config(path):
+    text_format = pytest.importorskip("google.protobuf.text_format", reason="protobuf is not installed")
+    pb = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient is not installed")
+    with open(path) as f:
+        return text_format.Parse(f.read(), pb.ModelConfig())
+
+
+def test_export_writes_triton_model_repositories(model, three_op_model_pt2, tmp_path):
+    from customops.export.triton import write_triton_repositories
+
+    paths = export_model(model, torch.randn(8, 12), str(tmp_path), formats=("pt",), triton_max_batch_size=32)
+    root = tmp_path / "triton"
+    assert paths["triton"] == str(root)
+    # The PyTorch backend's TorchScript model: the batch left out of dims, dynamic batching.
+    config = _model_config(root / "pytorch" / "model" / "config.pbtxt")
+    assert config.platform == "pytorch_libtorch" and config.max_batch_size == 32
+    assert [(t.name, list(t.dims)) for t in config.input] == [("INPUT__0", [12])]
+    assert [(t.name, list(t.dims)) for t in config.output] == [("OUTPUT__0", [4])]
+    assert config.input[0].data_type == config.output[0].data_type == 11  # TYPE_FP32
+    assert config.HasField("dynamic_batching") and config.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert os.path.samefile(root / "pytorch" / "model" / "1" / "model.pt", paths["pt"]) or (
+        (root / "pytorch" / "model" / "1" / "model.pt").read_bytes() == open(paths["pt"], "rb").read()
+    )
+    # The op library's LD_PRELOAD line, with this installation's library, in the config and the README.
+    preload = f"LD_PRELOAD={customops.library_path()} tritonserver --model-repository="
+    assert preload in (root / "pytorch" / "model" / "config.pbtxt").read_text()
+    assert preload + str(root / "pytorch") in (root / "README.md").read_text()
+    # The Python backend's: model.py and the TorchScript file beside it.
+    config = _model_config(root / "python" / "model" / "config.pbtxt")
+    assert config.backend == "python" and config.max_batch_size == 32 and config.HasField("dynamic_batching")
+    assert config.parameters["customops_model_file"].string_value == "model.pt"
+    assert "class TritonPythonModel" in (root / "python" / "model" / "1" / "model.py").read_text()
+    # The AOTInductor package: torch_aoti does not batch, so full dims and max_batch_size 0.
+    _, pt2 = three_op_model_pt2
+    write_triton_repositories(str(tmp_path), "model", model, (torch.randn(8, 12),), {"pt": paths["pt"], "pt2": pt2})
+    config = _model_config(root / "pytorch" / "model_aoti" / "config.pbtxt")
+    assert config.platform == "torch_aoti" and config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert [list(t.dims) for t in config.input] == [[-1, 12]] and [list(t.dims) for t in config.output] == [[-1, 4]]
+    assert (root / "pytorch" / "model_aoti" / "1" / "model.pt2").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["model.pt", "triton"]  # no staging folders left
+
+
+def test_triton_repository_of_a_dynamic_time_dim(tmp_path):
+    export_model(make_sequence_model(), torch.randn(3, 4, 6), str(tmp_path), formats=("pt",), dynamic_dims=(0, 1))
+    config = _model_config(tmp_path / "triton" / "pytorch" / "model" / "config.pbtxt")
+    assert [list(t.dims) for t in config.input] == [[-1, 6]]
+    assert config.max_batch_size > 0 and len(config.output) == 1 and list(config.output[0].dims)[0] == -1
+
+
+def test_triton_repository_refuses_outputs_without_the_batch(tmp_path):
+    class Pooled(nn.Module):
+        def forward(self, x):
+            return customops.sigmoid(x).sum(0)
+
+    with pytest.raises(ValueError, match="does not have the batch as dim 0"):
+        export_model(Pooled(), torch.randn(4, 3), str(tmp_path), formats=("pt",))
+    assert os.listdir(tmp_path) == []
+    paths = export_model(Pooled(), torch.randn(4, 3), str(tmp_path), formats=("pt",), triton_max_batch_size=0)
+    config = _model_config(os.path.join(paths["triton"], "pytorch", "model", "config.pbtxt"))
+    assert config.max_batch_size == 0 and [list(t.dims) for t in config.input] == [[-1, 3]]
+
+
+def test_triton_repository_of_an_input_without_batch_dimension_says_so(model, tmp_path):
+    with pytest.raises(ValueError, match="a 1-D input has no batch dimension"):
+        export_model(model, torch.randn(12), str(tmp_path), formats=("pt",))
+    assert os.listdir(tmp_path) == []

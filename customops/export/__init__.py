@@ -11,6 +11,9 @@ export leaves no partial file. Command line::
 The ONNX translation table that the exporter uses is :data:`ONNX_TRANSLATION_TABLE`
 (``customops/export/onnx_translation.py``); pass it to ``torch.onnx.export`` yourself as
 ``custom_translation_table=`` when you call the exporter directly.
+
+Beside the files, :func:`export_model` writes Triton Inference Server model repositories
+(``triton/``: the PyTorch backend's and the Python backend's; ``customops/export/triton.py``).
 """
 
 import os
@@ -20,7 +23,8 @@ from typing import Dict, Iterable, Sequence
 
 from torch import nn
 
-from ._common import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, FORMATS, INPUTS_METADATA_KEY, _publish
+from . import triton as _triton
+from ._common import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, FORMATS, INPUTS_METADATA_KEY, _as_tuple, _publish
 from .aoti import export_aoti, load_aoti
 from .onnx import export_onnx
 from .torchscript import export_torchscript, load_torchscript
@@ -35,21 +39,28 @@ def export_model(
     max_batch: int = DEFAULT_MAX_BATCH,
     dynamic_dims: Sequence[int] = (0,),
     max_dim: int = DEFAULT_MAX_DIM,
+    triton: bool = True,
+    triton_max_batch_size: int = _triton.DEFAULT_MAX_BATCH_SIZE,
 ) -> Dict[str, str]:
-    """Writes ``out_dir/name.{pt,pt2,onnx}`` for the formats asked; returns ``{format: path}``.
+    """Writes ``out_dir/name.{pt,pt2,onnx}`` for the formats asked; returns ``{format: path}``,
+    and with ``triton`` (when TorchScript or AOTInductor is among the formats) the Triton model
+    repositories' folder ``out_dir/triton`` as ``"triton"`` (``customops.export.triton``; requests
+    and Triton's batches of at most ``triton_max_batch_size`` rows, 0 for no batching).
 
     ``example_inputs``: a tensor or a tuple of tensors. ``dynamic_dims``: the dims left
     dynamic; dim 0 is the batch, shared by all inputs, 1..``max_batch``; any other dim d is
     dynamic (1..``max_dim``) in every input of more than d dims. Example inputs of size 1 at a
     dynamic dim are exported at size 2. The files appear only when every format has been
     written: if one fails, its error is raised and none of this call's files are left (files of
-    an earlier call stay as they were)."""
+    an earlier call stay as they were). Raises ValueError, leaving no file, when ``triton``
+    is asked and an output does not keep the batch as dim 0."""
     if isinstance(formats, str):
         formats = (formats,)
     formats = list(formats)
     for fmt in formats:
         if fmt not in FORMATS:
             raise ValueError(f"customops: unknown export format {fmt!r}; expected one of {FORMATS}")
+    triton = triton and any(f in formats for f in ("pt", "pt2"))
     os.makedirs(out_dir, exist_ok=True)
     shape_args = dict(max_batch=max_batch, dynamic_dims=dynamic_dims, max_dim=max_dim)
     writers = {
@@ -62,10 +73,18 @@ def export_model(
     try:
         for fmt in formats:
             writers[fmt](os.path.join(stage, files[fmt]))
+        if triton:  # the outputs' check, before any file appears
+            batched = triton_max_batch_size > 0 and 0 in dynamic_dims
+            _triton.io_configs(model, _as_tuple(example_inputs), dynamic_dims, batched)
         _publish(stage, out_dir, last=tuple(files.values()))
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    return {fmt: os.path.join(out_dir, f) for fmt, f in files.items()}
+    paths = {fmt: os.path.join(out_dir, f) for fmt, f in files.items()}
+    if triton:
+        paths["triton"] = _triton.write_triton_repositories(
+            out_dir, name, model, _as_tuple(example_inputs), paths, dynamic_dims, triton_max_batch_size
+        )
+    return paths
 
 
 def __getattr__(name):

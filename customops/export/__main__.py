@@ -1,13 +1,16 @@
 """Export a model that uses customops' ops to TorchScript, AOTInductor and ONNX.
 
     python -m customops.export examples/train_digits.py:make_model --input-shape 8,64 \\
-        [--dynamic 0,1] [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model]
+        [--dynamic 0,1] [--state-dict weights.pt] [--formats pt pt2 onnx] [--out exported] [--name model] \\
+        [--triton-max-batch 256 | --no-triton]
 
 MODEL is ``package.module:callable`` or ``path/to/file.py:callable``; the callable returns the
 nn.Module (its weights then come from --state-dict, a torch.save'd state_dict). --input-shape
 gives one example input; --dynamic
 lists its dimensions exported as dynamic: by default 0, the batch (1..65536); any other
-dimension listed gets 1..65536.
+dimension listed gets 1..65536. Beside the files, OUT/triton/ holds Triton Inference Server
+model repositories (pytorch/ for the PyTorch backend with LD_PRELOAD, python/ for the Python
+backend; OUT/triton/README.md gives the command lines).
 """
 
 import argparse
@@ -19,6 +22,7 @@ import sys
 import torch
 
 from . import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, FORMATS, export_model
+from .triton import DEFAULT_MAX_BATCH_SIZE
 
 
 def _load_model(parser, spec: str):
@@ -56,9 +60,19 @@ def main(argv=None) -> int:
     parser.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     parser.add_argument("--out", default="exported")
     parser.add_argument("--name", default="model")
+    parser.add_argument(
+        "--triton-max-batch",
+        type=int,
+        default=DEFAULT_MAX_BATCH_SIZE,
+        help=f"max_batch_size of the Triton model configs: the most rows of a request and of a batch that Triton "
+        f"forms (default {DEFAULT_MAX_BATCH_SIZE}; 0: no batching)",
+    )
+    parser.add_argument("--no-triton", action="store_true", help="do not write the Triton model repositories")
     args = parser.parse_args(argv)
 
     dtype = getattr(torch, args.dtype)
+    if args.triton_max_batch < 0:
+        parser.error(f"--triton-max-batch must be >= 0, got {args.triton_max_batch}")
     try:
         shape = tuple(int(s) for s in args.input_shape.split(","))
     except ValueError:
@@ -97,7 +111,16 @@ def main(argv=None) -> int:
     model = model.to(device=args.device, dtype=dtype).eval()
     example = torch.randn(shape, device=args.device, dtype=dtype)
     try:
-        paths = export_model(model, example, args.out, args.name, args.formats, dynamic_dims=dynamic)
+        paths = export_model(
+            model,
+            example,
+            args.out,
+            args.name,
+            args.formats,
+            dynamic_dims=dynamic,
+            triton=not args.no_triton,
+            triton_max_batch_size=args.triton_max_batch,
+        )
     except (ValueError, RuntimeError) as e:
         print(f"customops.export: error: {e}", file=sys.stderr)
         return 1
