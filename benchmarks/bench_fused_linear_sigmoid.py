@@ -151,7 +151,7 @@ def bench_elementwise(numel=2**28, dtype=torch.bfloat16):
     return rows
 
 
-def bench_cpu(shapes=((1024, 1024, 1024), (64, 4096, 4096))):
+def bench_cpu(shapes=((32, 64, 16), (8192, 256, 256), (4096, 1024, 64), (1024, 1024, 1024), (64, 4096, 4096))):
     """float32 forward on the CPU (all its threads), ours against eager; medians of timeit runs, µs."""
     import torch.utils.benchmark as tb
 
