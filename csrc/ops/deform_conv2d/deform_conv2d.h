@@ -218,19 +218,27 @@ C10_HOST_DEVICE inline BilinearTap<T> bilinear_tap(T y, T x, int64_t height, int
   return t;
 }
 
-// The sampling point of output pixel p (of out_h * out_w), offset group og and tap k (of
-// kh * kw) of one image, whose offsets (offset_groups, kh * kw, 2, out_pixels) and mask
-// (offset_groups, kh * kw, out_pixels; nullptr for none) start at off and msk; *m gets the mask.
+// The sampling point of output pixel p = oy * out_w + ox, offset group og and tap
+// k = i * kw + j (ok = og * kh * kw + k) of one image, whose offsets (offset_groups, kh * kw,
+// 2, out_pixels) and mask (offset_groups, kh * kw, out_pixels; nullptr for none) start at off
+// and msk; *m gets the mask. Callers that loop over pixels and taps pass the indices they
+// have, so that no integer division is left in the inner loops.
 template <typename T>
-C10_HOST_DEVICE inline BilinearTap<T> deform_conv2d_tap(
-    const DeformConv2dGeometry& g, const T* off, const T* msk, int64_t p, int64_t og, int64_t k, T* m) {
+C10_HOST_DEVICE inline BilinearTap<T> deform_conv2d_tap_at(
+    const DeformConv2dGeometry& g, const T* off, const T* msk, int64_t oy, int64_t ox, int64_t p, int64_t i, int64_t j,
+    int64_t ok, T* m) {
   const int64_t P = g.out_pixels();
-  const int64_t oy = p / g.out_w, ox = p % g.out_w, i = k / g.kw, j = k % g.kw;
-  const int64_t ok = og * g.taps() + k;
   const T y = static_cast<T>(oy * g.stride_h - g.pad_h + i * g.dil_h) + off[(2 * ok) * P + p];
   const T x = static_cast<T>(ox * g.stride_w - g.pad_w + j * g.dil_w) + off[(2 * ok + 1) * P + p];
   *m = msk ? msk[ok * P + p] : T(1);
   return bilinear_tap(y, x, g.height, g.width);
+}
+
+template <typename T>
+C10_HOST_DEVICE inline BilinearTap<T> deform_conv2d_tap(
+    const DeformConv2dGeometry& g, const T* off, const T* msk, int64_t p, int64_t og, int64_t k, T* m) {
+  const int64_t oy = p / g.out_w, i = k / g.kw;
+  return deform_conv2d_tap_at(g, off, msk, oy, p - oy * g.out_w, p, i, k - i * g.kw, og * g.taps() + k, m);
 }
 
 // d(sample)/dy, d(sample)/dx and d(sample)/dmask of one tap from the dot products

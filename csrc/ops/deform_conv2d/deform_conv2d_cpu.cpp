@@ -37,12 +37,6 @@
 #else
 #define CUSTOMOPS_DC_AVX2 0
 #endif
-// Lambdas in the inner loops are inlined into their caller, so that they are compiled for its ISA.
-#if defined(__GNUC__)
-#define CUSTOMOPS_DC_INLINE __attribute__((always_inline))
-#else
-#define CUSTOMOPS_DC_INLINE
-#endif
 
 namespace customops {
 namespace {
@@ -60,8 +54,9 @@ struct Image {
   const T* zero;  // in_channels zeros: what a pixel outside the image reads
   DeformConv2dGeometry g;
 
-  C10_ALWAYS_INLINE BilinearTap<T> tap(int64_t p, int64_t og, int64_t k, T* m) const {
-    return deform_conv2d_tap(g, off, msk, p, og, k, m);
+  C10_ALWAYS_INLINE BilinearTap<T> tap(
+      int64_t oy, int64_t ox, int64_t p, int64_t i, int64_t j, int64_t ok, T* m) const {
+    return deform_conv2d_tap_at(g, off, msk, oy, ox, p, i, j, ok, m);
   }
 
   C10_ALWAYS_INLINE const T* pixel(int64_t idx) const {
@@ -81,16 +76,31 @@ struct ColumnLayout {
         in_per_group(g.in_per_group()) {}
 };
 
-// Calls f(c, n, column offset) for each run [c, c + n) of channels in [lo, hi) that lies in
-// one group, with the run's offset within a row of the column buffer for tap k.
-template <typename F>
-C10_ALWAYS_INLINE void for_each_run(const ColumnLayout& L, int64_t lo, int64_t hi, int64_t k, const F& f) {
+// A run of channels [c, c + n) of one offset group that lies in one group; its values for
+// tap k sit at base + k * in_per_group in a row of the column buffer.
+struct Run {
+  int64_t c, n, base;
+};
+
+// The runs of the channels [lo, hi), computed once per call (no division in the inner loops).
+inline std::vector<Run> make_runs(const ColumnLayout& L, int64_t lo, int64_t hi) {
+  std::vector<Run> runs;
   for (int64_t c = lo; c < hi;) {
     const int64_t gc = c / L.in_per_group;
     const int64_t end = std::min(hi, (gc + 1) * L.in_per_group);
-    f(c, end - c, gc * L.per_group + k * L.in_per_group + (c - gc * L.in_per_group));
+    runs.push_back({c, end - c, gc * L.per_group + (c - gc * L.in_per_group)});
     c = end;
   }
+  return runs;
+}
+
+inline std::vector<std::vector<Run>> runs_by_offset_group(const DeformConv2dGeometry& g) {
+  const ColumnLayout L(g);
+  std::vector<std::vector<Run>> runs;
+  for (int64_t og = 0; og < g.offset_groups; ++og) {
+    runs.push_back(make_runs(L, og * g.in_per_offset_group(), (og + 1) * g.in_per_offset_group()));
+  }
+  return runs;
 }
 
 template <typename T>
@@ -144,25 +154,30 @@ C10_ALWAYS_INLINE void dot4(
 
 // columns[r] for the output pixels p0 + r, r in [r0, r1).
 template <typename T>
-C10_ALWAYS_INLINE void im2col_body(const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, T* col) {
+C10_ALWAYS_INLINE void im2col_body(
+    const Image<T>& im, const std::vector<std::vector<Run>>& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
   const DeformConv2dGeometry& g = im.g;
   const ColumnLayout L(g);
-  const int64_t cog = g.in_per_offset_group();
   for (int64_t r = r0; r < r1; ++r) {
+    const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
     T* row = col + r * L.row;
     for (int64_t og = 0; og < g.offset_groups; ++og) {
-      for (int64_t k = 0; k < g.taps(); ++k) {
-        T m;
-        const BilinearTap<T> t = im.tap(p0 + r, og, k, &m);
-        const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
-        const T w[4] = {m * t.w[0], m * t.w[1], m * t.w[2], m * t.w[3]};
-        for_each_run(L, og * cog, (og + 1) * cog, k, [&](int64_t c, int64_t n, int64_t at) CUSTOMOPS_DC_INLINE {
-          if (!t.inside) {
-            std::fill(row + at, row + at + n, T(0));
-          } else {
-            sample4(row + at, s[0] + c, s[1] + c, s[2] + c, s[3] + c, w[0], w[1], w[2], w[3], n);
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, og * g.taps() + k, &m);
+          const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
+          const T w[4] = {m * t.w[0], m * t.w[1], m * t.w[2], m * t.w[3]};
+          for (const Run& run : runs[og]) {
+            T* dst = row + run.base + k * L.in_per_group;
+            if (!t.inside) {
+              std::fill(dst, dst + run.n, T(0));
+            } else {
+              const int64_t c = run.c;
+              sample4(dst, s[0] + c, s[1] + c, s[2] + c, s[3] + c, w[0], w[1], w[2], w[3], run.n);
+            }
           }
-        });
+        }
       }
     }
   }
@@ -177,20 +192,21 @@ C10_ALWAYS_INLINE void col2im_body(
   const int64_t cog = g.in_per_offset_group();
   const int64_t C = g.in_channels;
   for (int64_t og = c0 / cog; og * cog < c1; ++og) {
-    const int64_t lo = std::max(c0, og * cog), hi = std::min(c1, (og + 1) * cog);
+    const std::vector<Run> runs = make_runs(L, std::max(c0, og * cog), std::min(c1, (og + 1) * cog));
     for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
       const T* row = gcol + r * L.row;
-      for (int64_t k = 0; k < g.taps(); ++k) {
-        T m;
-        const BilinearTap<T> t = im.tap(p0 + r, og, k, &m);
-        if (!t.inside) continue;
-        for (int q = 0; q < 4; ++q) {
-          if (t.idx[q] < 0) continue;
-          T* dst = gx + t.idx[q] * C;
-          const T w = m * t.w[q];
-          for_each_run(L, lo, hi, k, [&](int64_t c, int64_t n, int64_t at) CUSTOMOPS_DC_INLINE {
-            axpy(dst + c, row + at, w, n);
-          });
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, og * g.taps() + k, &m);
+          if (!t.inside) continue;
+          for (int q = 0; q < 4; ++q) {
+            if (t.idx[q] < 0) continue;
+            T* dst = gx + t.idx[q] * C;
+            const T w = m * t.w[q];
+            for (const Run& run : runs) axpy(dst + run.c, row + run.base + k * L.in_per_group, w, run.n);
+          }
         }
       }
     }
@@ -200,55 +216,62 @@ C10_ALWAYS_INLINE void col2im_body(
 // grad_offset and grad_mask (offset's and mask's layouts, image b) for pixels p0 + [r0, r1).
 template <typename T>
 C10_ALWAYS_INLINE void coord_grad_body(
-    const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
+    const Image<T>& im, const std::vector<std::vector<Run>>& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol,
+    T* goff, T* gmask) {
   const DeformConv2dGeometry& g = im.g;
   const ColumnLayout L(g);
-  const int64_t cog = g.in_per_offset_group();
   const int64_t P = g.out_pixels();
   for (int64_t r = r0; r < r1; ++r) {
-    const int64_t p = p0 + r;
+    const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
     const T* row = gcol + r * L.row;
     for (int64_t og = 0; og < g.offset_groups; ++og) {
-      for (int64_t k = 0; k < g.taps(); ++k) {
-        T m;
-        const BilinearTap<T> t = im.tap(p, og, k, &m);
-        T d[4] = {0, 0, 0, 0};
-        if (t.inside) {
-          const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
-          for_each_run(L, og * cog, (og + 1) * cog, k, [&](int64_t c, int64_t n, int64_t at) CUSTOMOPS_DC_INLINE {
-            dot4(row + at, s[0] + c, s[1] + c, s[2] + c, s[3] + c, n, d);
-          });
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          const int64_t ok = og * g.taps() + k;
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, ok, &m);
+          T gy = 0, gx = 0, gm = 0;
+          if (t.inside) {
+            const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
+            T d[4] = {0, 0, 0, 0};
+            for (const Run& run : runs[og]) {
+              const int64_t c = run.c;
+              dot4(row + run.base + k * L.in_per_group, s[0] + c, s[1] + c, s[2] + c, s[3] + c, run.n, d);
+            }
+            bilinear_tap_grads(t, d, m, &gy, &gx, &gm);
+          }
+          if (goff) {
+            goff[(2 * ok) * P + p] = gy;
+            goff[(2 * ok + 1) * P + p] = gx;
+          }
+          if (gmask) gmask[ok * P + p] = gm;
         }
-        T gy = 0, gx = 0, gm = 0;
-        if (t.inside) bilinear_tap_grads(t, d, m, &gy, &gx, &gm);
-        const int64_t ok = og * g.taps() + k;
-        if (goff) {
-          goff[(2 * ok) * P + p] = gy;
-          goff[(2 * ok + 1) * P + p] = gx;
-        }
-        if (gmask) gmask[ok * P + p] = gm;
       }
     }
   }
 }
 
+using Runs = std::vector<std::vector<Run>>;
+
 template <typename T>
-void im2col_base(const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, T* col) {
-  im2col_body(im, p0, r0, r1, col);
+void im2col_base(const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
+  im2col_body(im, runs, p0, r0, r1, col);
 }
 template <typename T>
 void col2im_base(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, int64_t c0, int64_t c1, T* gx) {
   col2im_body(im, p0, rows, gcol, c0, c1, gx);
 }
 template <typename T>
-void coord_grad_base(const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
-  coord_grad_body(im, p0, r0, r1, gcol, goff, gmask);
+void coord_grad_base(
+    const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
+  coord_grad_body(im, runs, p0, r0, r1, gcol, goff, gmask);
 }
 
 #if CUSTOMOPS_DC_AVX2
 template <typename T>
-CUSTOMOPS_DC_TARGET_AVX2 void im2col_avx2(const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, T* col) {
-  im2col_body(im, p0, r0, r1, col);
+CUSTOMOPS_DC_TARGET_AVX2 void im2col_avx2(
+    const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
+  im2col_body(im, runs, p0, r0, r1, col);
 }
 template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void col2im_avx2(
@@ -257,8 +280,8 @@ CUSTOMOPS_DC_TARGET_AVX2 void col2im_avx2(
 }
 template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void coord_grad_avx2(
-    const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
-  coord_grad_body(im, p0, r0, r1, gcol, goff, gmask);
+    const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
+  coord_grad_body(im, runs, p0, r0, r1, gcol, goff, gmask);
 }
 
 bool cpu_has_avx2() {
@@ -268,13 +291,13 @@ bool cpu_has_avx2() {
 #endif
 
 template <typename T>
-void im2col(const Image<T>& im, int64_t p0, int64_t rows, T* col) {
+void im2col(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, T* col) {
   const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
 #if CUSTOMOPS_DC_AVX2
-    if (cpu_has_avx2()) return im2col_avx2(im, p0, r0, r1, col);
+    if (cpu_has_avx2()) return im2col_avx2(im, runs, p0, r0, r1, col);
 #endif
-    im2col_base(im, p0, r0, r1, col);
+    im2col_base(im, runs, p0, r0, r1, col);
   });
 }
 
@@ -291,13 +314,13 @@ void col2im(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, T* gx) 
 }
 
 template <typename T>
-void coord_grad(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, T* goff, T* gmask) {
+void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, const T* gcol, T* goff, T* gmask) {
   const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
   at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
 #if CUSTOMOPS_DC_AVX2
-    if (cpu_has_avx2()) return coord_grad_avx2(im, p0, r0, r1, gcol, goff, gmask);
+    if (cpu_has_avx2()) return coord_grad_avx2(im, runs, p0, r0, r1, gcol, goff, gmask);
 #endif
-    coord_grad_base(im, p0, r0, r1, gcol, goff, gmask);
+    coord_grad_base(im, runs, p0, r0, r1, gcol, goff, gmask);
   });
 }
 
@@ -345,11 +368,12 @@ at::Tensor forward_impl(
   const ColumnLayout L(g);
   const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
   at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+  const Runs runs = runs_by_offset_group(g);
   for (int64_t b = 0; b < g.batch; ++b) {
     const Image<T> im = ops.image(b);
     for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
       const int64_t n = std::min(chunk, g.out_pixels() - p0);
-      im2col(im, p0, n, col.data_ptr<T>());
+      im2col(im, runs, p0, n, col.data_ptr<T>());
       const at::Tensor cols = col.narrow(0, 0, n);
       for (int64_t gc = 0; gc < g.groups; ++gc) {
         at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
@@ -389,6 +413,7 @@ void backward_impl(
   const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
   at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t P = g.out_pixels();
+  const Runs runs = runs_by_offset_group(g);
   for (int64_t b = 0; b < g.batch; ++b) {
     const Image<T> im = ops.image(b);
     T* gx = want[0] ? gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels : nullptr;
@@ -398,7 +423,7 @@ void backward_impl(
       const int64_t n = std::min(chunk, P - p0);
       const at::Tensor cols = col.narrow(0, 0, n);
       if (want[2]) {
-        im2col(im, p0, n, col.data_ptr<T>());
+        im2col(im, runs, p0, n, col.data_ptr<T>());
         for (int64_t gc = 0; gc < g.groups; ++gc) {
           const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
           gw_t[gc].addmm_(go_g, cols.narrow(1, gc * L.per_group, L.per_group));
@@ -411,7 +436,7 @@ void backward_impl(
         at::mm_out(dst, go_g.t(), ops.w2[gc]);
       }
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
-      if (goff || gmask) coord_grad(im, p0, n, col.const_data_ptr<T>(), goff, gmask);
+      if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
     }
   }
 }
