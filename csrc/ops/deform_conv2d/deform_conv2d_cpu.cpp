@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -103,48 +104,79 @@ inline std::vector<std::vector<Run>> runs_by_offset_group(const DeformConv2dGeom
   return runs;
 }
 
+// 32-byte vectors (GCC/Clang vector extensions): ymm registers in the AVX2 instantiation,
+// pairs of xmm in the baseline one. Written out because the reductions below do not
+// vectorize by themselves (that would reorder a sum), and so that the loops do not depend on
+// what the auto-vectorizer makes of them.
+template <typename T>
+struct Simd {
+  static constexpr int64_t kLanes = 32 / sizeof(T);
+  typedef T V __attribute__((vector_size(32)));
+  static C10_ALWAYS_INLINE V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static C10_ALWAYS_INLINE void store(T* p, V v) {
+    std::memcpy(p, &v, sizeof(V));
+  }
+  static C10_ALWAYS_INLINE V splat(T x) {
+    V v;
+    for (int64_t l = 0; l < kLanes; ++l) v[l] = x;
+    return v;
+  }
+  static C10_ALWAYS_INLINE T sum(V v) {
+    T s = 0;
+    for (int64_t l = 0; l < kLanes; ++l) s += v[l];
+    return s;
+  }
+};
+
+// dst[i] = wa a[i] + wb b[i] + wc c[i] + wd d[i]: one tap's bilinear sample over n channels.
 template <typename T>
 C10_ALWAYS_INLINE void sample4(
     T* __restrict__ dst, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
     const T* __restrict__ d, T wa, T wb, T wc, T wd, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = wa * a[i] + wb * b[i] + wc * c[i] + wd * d[i];
+  using S = Simd<T>;
+  const typename S::V va = S::splat(wa), vb = S::splat(wb), vc = S::splat(wc), vd = S::splat(wd);
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) {
+    S::store(dst + i, va * S::load(a + i) + vb * S::load(b + i) + vc * S::load(c + i) + vd * S::load(d + i));
+  }
+  for (; i < n; ++i) dst[i] = wa * a[i] + wb * b[i] + wc * c[i] + wd * d[i];
 }
 
+// dst[i] += w src[i].
 template <typename T>
 C10_ALWAYS_INLINE void axpy(T* __restrict__ dst, const T* __restrict__ src, T w, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] += w * src[i];
+  using S = Simd<T>;
+  const typename S::V vw = S::splat(w);
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) S::store(dst + i, S::load(dst + i) + vw * S::load(src + i));
+  for (; i < n; ++i) dst[i] += w * src[i];
 }
 
-// acc[k] += sum_i g[i] * p_k[i], in kLanes independent partial sums (vectorizable without
-// reassociating a single sum).
+// acc[k] += sum_i g[i] * p_k[i] for the four pixels p_0..p_3, in vector partial sums.
 template <typename T>
 C10_ALWAYS_INLINE void dot4(
     const T* __restrict__ g, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
     const T* __restrict__ d, int64_t n, T acc[4]) {
-  constexpr int kLanes = 32 / sizeof(T);
-  T s0[kLanes] = {}, s1[kLanes] = {}, s2[kLanes] = {}, s3[kLanes] = {};
+  using S = Simd<T>;
+  typename S::V s0 = S::splat(0), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const T gv = g[i + l];
-      s0[l] += gv * a[i + l];
-      s1[l] += gv * b[i + l];
-      s2[l] += gv * c[i + l];
-      s3[l] += gv * d[i + l];
-    }
+  for (; i + S::kLanes <= n; i += S::kLanes) {
+    const typename S::V gv = S::load(g + i);
+    s0 += gv * S::load(a + i);
+    s1 += gv * S::load(b + i);
+    s2 += gv * S::load(c + i);
+    s3 += gv * S::load(d + i);
   }
-  T t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+  T t0 = S::sum(s0), t1 = S::sum(s1), t2 = S::sum(s2), t3 = S::sum(s3);
   for (; i < n; ++i) {
     t0 += g[i] * a[i];
     t1 += g[i] * b[i];
     t2 += g[i] * c[i];
     t3 += g[i] * d[i];
-  }
-  for (int l = 0; l < kLanes; ++l) {
-    t0 += s0[l];
-    t1 += s1[l];
-    t2 += s2[l];
-    t3 += s3[l];
   }
   acc[0] += t0;
   acc[1] += t1;
