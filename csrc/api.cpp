@@ -53,4 +53,24 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward(
       grad_out, inputs, targets, alpha, gamma, c10::string_view(reduction.data(), reduction.size()), output_mask);
 }
 
+at::Tensor deform_conv2d(
+    const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+    std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation,
+    const std::optional<at::Tensor>& mask) {
+  static const auto handle = find_op<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+      at::IntArrayRef, at::IntArrayRef, const std::optional<at::Tensor>&)>("deform_conv2d");
+  return handle.call(input, offset, weight, bias, stride, padding, dilation, mask);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+    const std::optional<at::Tensor>& mask, std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+    std::array<int64_t, 2> dilation, std::array<bool, 5> output_mask) {
+  static const auto handle = find_op<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+      at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::array<bool, 5>)>("deform_conv2d_backward");
+  return handle.call(grad_out, input, offset, weight, mask, stride, padding, dilation, output_mask);
+}
+
 }  // namespace customops

@@ -1,6 +1,8 @@
 """Modules built on customops' ops."""
 
-from typing import Optional
+import math
+import sys
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -99,3 +101,161 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
                 module._modules[second] = nn.Identity()
                 fused += 1
     return fused
+
+
+def _pair(v) -> Tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+class DeformConv2d(nn.Module):
+    """A deformable convolution layer, :func:`customops.deform_conv2d` with its weight and bias:
+    a drop-in for :class:`torchvision.ops.DeformConv2d`.
+
+    Same constructor (``in_channels, out_channels, kernel_size, stride=1, padding=0,
+    dilation=1, groups=1, bias=True``), attributes, parameters (``weight`` of shape
+    ``(out_channels, in_channels / groups, kh, kw)``, ``bias`` of shape ``(out_channels,)``),
+    initialization and state_dict keys as torchvision's, so its checkpoints load as they are.
+    ``forward(input, offset, mask=None)``: the offsets (and the DCNv2 mask) come from the
+    caller, with the shapes of :func:`customops.deform_conv2d` (Dai et al. 2017; Zhu et al.
+    2019). Raises ValueError when ``groups`` does not divide both channel counts.
+    """
+
+    __constants__ = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"]
+    weight: Tensor
+    bias: Optional[Tensor]
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if in_channels % groups != 0:
+            raise ValueError(f"customops: expected in_channels ({in_channels}) to be divisible by groups ({groups})")
+        if out_channels % groups != 0:
+            raise ValueError(f"customops: expected out_channels ({out_channels}) to be divisible by groups ({groups})")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # torchvision's (and nn.Conv2d's) initialization.
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = nn.init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor, offset: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return torch.ops.customops.deform_conv2d(
+            input, offset, self.weight, self.bias, self.stride, self.padding, self.dilation, mask
+        )
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        s += f", padding={self.padding}" if self.padding != (0, 0) else ""
+        s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+        s += f", groups={self.groups}" if self.groups != 1 else ""
+        return s + ("" if self.bias is not None else ", bias=False")
+
+
+class ModulatedDeformConv2d(DeformConv2d):
+    """A modulated deformable convolution (DCNv2, Zhu et al. 2019) that predicts its own offsets
+    and mask from its input: ``forward(input)``.
+
+    ``conv_offset``, an ``nn.Conv2d(in_channels, 3 * offset_groups * kh * kw, kernel_size,
+    stride, padding, dilation)``, gives ``2 * offset_groups * kh * kw`` offset channels followed
+    by ``offset_groups * kh * kw`` mask logits (the layout of mmcv's ModulatedDeformConv2dPack);
+    the mask is their sigmoid. ``conv_offset`` starts at zero (weight and bias), as in DCNv2, so
+    a new layer samples the regular grid with mask 0.5: a plain convolution (scaled by 0.5)
+    until training moves the offsets. Other arguments and parameters as :class:`DeformConv2d`;
+    ``offset_groups`` must divide ``in_channels``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        offset_groups: int = 1,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
+        if in_channels % offset_groups != 0:
+            raise ValueError(
+                f"customops: expected in_channels ({in_channels}) to be divisible by offset_groups ({offset_groups})"
+            )
+        self.offset_groups = offset_groups
+        taps = self.kernel_size[0] * self.kernel_size[1]
+        self.conv_offset = nn.Conv2d(
+            in_channels, 3 * offset_groups * taps, self.kernel_size, self.stride, self.padding, self.dilation
+        )
+        nn.init.zeros_(self.conv_offset.weight)
+        nn.init.zeros_(self.conv_offset.bias)
+
+    def forward(self, input: Tensor) -> Tensor:  # type: ignore[override]
+        out = self.conv_offset(input)
+        n = 2 * self.offset_groups * self.kernel_size[0] * self.kernel_size[1]
+        offset, mask = out[:, :n], torch.sigmoid(out[:, n:])
+        return torch.ops.customops.deform_conv2d(
+            input, offset, self.weight, self.bias, self.stride, self.padding, self.dilation, mask
+        )
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f", offset_groups={self.offset_groups}" if self.offset_groups != 1 else "")
+
+
+def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
+    """Replaces, in place, every :class:`torchvision.ops.DeformConv2d` inside ``model`` (at any
+    depth, ``model`` itself excepted) with a :class:`DeformConv2d` that shares its parameters
+    (same tensors, no copy), so state_dict keys, training state and optimizers' references stay
+    the same; returns the number replaced. Subclasses of torchvision's class, and modules with
+    forward hooks or pre-hooks, are left alone (they may compute something else, and hooks
+    would be dropped); so are calls of the function ``torchvision.ops.deform_conv2d`` in a
+    custom ``forward``, which no module tree shows. Does not import torchvision: a model holding
+    its modules has imported it already.
+    """
+    module = sys.modules.get("torchvision.ops.deform_conv")
+    tv_class = getattr(module, "DeformConv2d", None)
+    if tv_class is None:
+        return 0
+    replaced = 0
+    for parent in model.modules():
+        for name, child in list(parent._modules.items()):
+            if type(child) is not tv_class or _has_hooks(child):
+                continue
+            new = DeformConv2d.__new__(DeformConv2d)
+            nn.Module.__init__(new)
+            for attr in ("in_channels", "out_channels", "groups"):
+                setattr(new, attr, getattr(child, attr))
+            for attr in ("kernel_size", "stride", "padding", "dilation"):
+                setattr(new, attr, _pair(getattr(child, attr)))
+            new.weight = child.weight
+            if child.bias is not None:
+                new.bias = child.bias
+            else:
+                new.register_parameter("bias", None)
+            new.train(child.training)
+            parent._modules[name] = new
+            replaced += 1
+    return replaced

@@ -51,6 +51,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # why >=0.7, which brings numpy<2); about 1 minute more.
   quiet_pip --no-warn-conflicts pytest hypothesis scikit-learn tqdm onnx onnxscript onnxruntime matplotlib \
     "nvidia-pytriton>=0.7" "tritonclient[http,grpc]" ruff==0.17.6 clang-format==23.1.5 "pre-commit>=3.2" pre-commit-hooks
+  # torchvision, to compare deform_conv2d with (a test dependency): 0.29.1 loads with torch 2.14.1
+  # only (its wheels here do not load under the CPU-only torch 2.13), so it is installed where
+  # that torch is; elsewhere the comparisons skip, saying why. --no-deps: keep the torch above.
+  if "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.__version__.split("+")[0] != "2.14.1")'; then
+    quiet_pip --no-deps "torchvision==0.29.1"
+  fi
 fi
 # The op library must be compiled against the torch it runs with: no build isolation. pip
 # prints the build's output only with -v; of that, show ninja's [n/N] progress with the file

@@ -10,7 +10,8 @@ export leaves no partial file. Command line::
 
 The ONNX translation table that the exporter uses is :data:`ONNX_TRANSLATION_TABLE`
 (``customops/export/onnx_translation.py``); pass it to ``torch.onnx.export`` yourself as
-``custom_translation_table=`` when you call the exporter directly.
+``custom_translation_table=`` when you call the exporter directly, with
+``opset_version=ONNX_OPSET`` (19: the standard ``DeformConv`` needs it).
 
 Beside the files, :func:`export_model` writes Triton Inference Server model repositories
 (``triton/``: the PyTorch backend's and the Python backend's; ``customops/export/triton.py``).

@@ -32,7 +32,7 @@ def export_onnx(
     exported graph fixes a dim asked to be dynamic."""
     import onnx
 
-    from .onnx_translation import ONNX_TRANSLATION_TABLE
+    from .onnx_translation import ONNX_OPSET, ONNX_TRANSLATION_TABLE
 
     inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
     with _quiet_onnx_registration(), _quiet_export():
@@ -41,6 +41,7 @@ def export_onnx(
             inputs,
             dynamo=True,
             custom_translation_table=ONNX_TRANSLATION_TABLE,
+            opset_version=ONNX_OPSET,
             dynamic_shapes=dynamic_shapes,
             optimize=True,
             verbose=False,

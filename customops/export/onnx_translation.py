@@ -9,21 +9,31 @@ onnxruntime with no extra library:
 - ``sigmoid_focal_loss(x, t, alpha, gamma, reduction)`` -> the same stable formulas as the
   kernels (csrc/ops/sigmoid_focal_loss/sigmoid_focal_loss.h) in Relu, Abs, Neg, Exp, Log,
   Sigmoid, Mul, Sub, Add, Pow (none for gamma 0, 1 or 2), then ReduceMean / ReduceSum over
-  all axes; 16-bit inputs are computed in float32 and cast back, as the kernels do.
+  all axes; 16-bit inputs are computed in float32 and cast back, as the kernels do;
+- ``deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask)`` -> the
+  standard ``DeformConv`` (opset 19 and later), whose inputs (X, W, offset, B, mask) and offset
+  layout ((dy, dx) per kernel tap, offset groups outermost) are torchvision's; 16-bit inputs
+  are computed in float32 and cast back.
+
+Models are written at opset :data:`ONNX_OPSET` (DeformConv needs 19).
 
 Use it when calling the exporter yourself::
 
-    from customops.export import ONNX_TRANSLATION_TABLE
-    torch.onnx.export(model, (x,), dynamo=True, custom_translation_table=ONNX_TRANSLATION_TABLE)
+    from customops.export.onnx_translation import ONNX_OPSET, ONNX_TRANSLATION_TABLE
+    torch.onnx.export(model, (x,), dynamo=True, custom_translation_table=ONNX_TRANSLATION_TABLE,
+                      opset_version=ONNX_OPSET)
 
 Needs the ``onnxscript`` package (``pip install onnx onnxscript``).
 """
 
 import torch
-from onnxscript import ir
+from onnxscript import ir, opset19
 from onnxscript import opset18 as op
 
 import customops  # noqa: F401  (the ops must exist before the table names them)
+
+# The opset the translations need: DeformConv is in the standard domain since opset 19.
+ONNX_OPSET = 19
 
 
 def fused_linear_sigmoid(x, weight, bias=None):
@@ -77,9 +87,38 @@ def sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0,
     return loss
 
 
+def _static(value, what):
+    if not isinstance(value, int):
+        raise ValueError(f"customops: the ONNX translation of deform_conv2d needs a static {what}, but got {value}")
+    return value
+
+
+def deform_conv2d(input, offset, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), mask=None):
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
+    kh, kw = _static(weight.shape[2], "kernel height"), _static(weight.shape[3], "kernel width")
+    groups = _static(input.shape[1], "number of input channels") // _static(weight.shape[1], "weight.shape[1]")
+    offset_groups = _static(offset.shape[1], "number of offset channels") // (2 * kh * kw)
+    tensors = [input, weight, offset, bias, mask]
+    low_precision = input.dtype in (ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+    if low_precision:
+        tensors = [None if t is None else op.Cast(t, to=ir.DataType.FLOAT) for t in tensors]
+    out = opset19.DeformConv(
+        *tensors,
+        dilations=[dh, dw],
+        group=groups,
+        kernel_shape=[kh, kw],
+        offset_group=offset_groups,
+        pads=[ph, pw, ph, pw],
+        strides=[sh, sw],
+    )
+    return op.CastLike(out, input) if low_precision else out
+
+
 ONNX_TRANSLATION_TABLE = {
     torch.ops.customops.fused_linear_sigmoid.default: fused_linear_sigmoid,
     torch.ops.customops.add.default: add,
     torch.ops.customops.sigmoid.default: sigmoid,
     torch.ops.customops.sigmoid_focal_loss.default: sigmoid_focal_loss,
+    torch.ops.customops.deform_conv2d.default: deform_conv2d,
 }

@@ -378,6 +378,292 @@ SIGMOID_FOCAL_LOSS_BACKWARD = OpSpec(
 )
 
 
+# --- deform_conv2d and its backward ----------------------------------------------------------
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
+    """The formula of :func:`customops.deform_conv2d` (Dai et al. 2017; Zhu et al. 2019) written
+    out in PyTorch ops, independently of torchvision and of the kernels' column buffers: every
+    sampling point's four neighbours gathered from the flattened image, weighted by the
+    bilinear weights (0 for a neighbour outside the image) and the mask, then contracted
+    with the weight per group. Differentiable by autograd (floor's derivative is 0, so the
+    offsets' derivative is the bilinear formula's, one-sided at integers)."""
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    B, C, H, W = input.shape
+    C_out, per_group, kh, kw = weight.shape
+    groups, taps = C // per_group, kh * kw
+    offset_groups = offset.shape[1] // (2 * taps)
+    H_out, W_out = offset.shape[2], offset.shape[3]
+    dev = input.device
+    off = offset.reshape(B, offset_groups, taps, 2, H_out, W_out)
+    ki = torch.arange(kh, device=dev).repeat_interleave(kw)
+    kj = torch.arange(kw, device=dev).repeat(kh)
+    base_y = (torch.arange(H_out, device=dev) * sh - ph).view(1, 1, 1, H_out, 1) + (ki * dh).view(1, 1, taps, 1, 1)
+    base_x = (torch.arange(W_out, device=dev) * sw - pw).view(1, 1, 1, 1, W_out) + (kj * dw).view(1, 1, taps, 1, 1)
+    y = base_y + off[:, :, :, 0]  # (B, offset_groups, taps, H_out, W_out)
+    x = base_x + off[:, :, :, 1]
+    y0, x0 = torch.floor(y), torch.floor(x)
+    ly, lx = y - y0, x - x0
+    per_offset_group, points = C // offset_groups, taps * H_out * W_out
+    planes = input.reshape(B, offset_groups, per_offset_group, H * W)
+    sampled = 0
+    for yy, xx, w in (
+        (y0, x0, (1 - ly) * (1 - lx)),
+        (y0, x0 + 1, (1 - ly) * lx),
+        (y0 + 1, x0, ly * (1 - lx)),
+        (y0 + 1, x0 + 1, ly * lx),
+    ):
+        inside = (yy >= 0) & (yy <= H - 1) & (xx >= 0) & (xx <= W - 1)
+        index = (yy.clamp(0, max(H - 1, 0)) * W + xx.clamp(0, max(W - 1, 0))).long()
+        index = index.reshape(B, offset_groups, 1, points).expand(B, offset_groups, per_offset_group, points)
+        values = torch.gather(planes, 3, index) if H * W > 0 else planes.new_zeros(index.shape)
+        sampled = sampled + values * (w * inside).reshape(B, offset_groups, 1, points)
+    if mask is not None:
+        sampled = sampled * mask.reshape(B, offset_groups, 1, points)
+    columns = sampled.reshape(B, groups, per_group * taps, H_out * W_out)  # (channel, tap) rows
+    w = weight.reshape(groups, C_out // groups, per_group * taps)
+    out = torch.einsum("gok,bgkp->bgop", w, columns).reshape(B, C_out, H_out, W_out)
+    if bias is not None:
+        out = out + bias.view(1, C_out, 1, 1)
+    return out
+
+
+# (name, B, C_in, (H, W), C_out, groups, offset_groups, (kh, kw), stride, padding, dilation,
+#  mask, bias, layout of input, offset scale). Offsets of scale 1.5 land between pixels and
+#  partly outside the image; scale 6 mostly outside.
+DEFORM_CONV2D_CASES = [
+    ("3x3_pad1_mask", 2, 4, (5, 6), 3, 1, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),  # first: exported
+    ("dcnv1_stride2_2x3", 1, 3, (7, 6), 2, 1, 1, (2, 3), [2, 2], [0, 0], [1, 1], False, False, "contiguous", 1.5),
+    ("groups2_offset_groups3", 1, 6, (5, 5), 4, 2, 3, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
+    ("dilated_channels_last", 1, 4, (6, 7), 2, 1, 2, (3, 3), [1, 2], [2, 1], [2, 1], True, False, "channels_last", 1.5),
+    ("depthwise", 1, 4, (5, 5), 4, 4, 2, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
+    ("1x1_no_mask", 2, 4, (4, 5), 3, 1, 2, (1, 1), 1, 0, 1, False, True, "strided", 1.5),
+    ("outside_image", 1, 2, (4, 4), 2, 1, 1, (3, 3), 1, 1, 1, True, True, "transposed", 6.0),
+    ("empty_batch", 0, 4, (5, 6), 3, 1, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
+]
+
+
+def _deform_conv2d_tensors(case, device, dtype, requires_grad):
+    name, B, C, (H, W), C_out, groups, og, (kh, kw), stride, padding, dilation, has_mask, has_bias, layout, scale = case
+    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    H_out = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    W_out = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    input = make_tensor((B, C, H, W), device, dtype, layout, requires_grad)
+    offset = make_tensor((B, 2 * og * kh * kw, H_out, W_out), device, dtype, "contiguous", requires_grad, scale=scale)
+    weight = make_tensor((C_out, C // groups, kh, kw), device, dtype, "contiguous", requires_grad, scale=0.5)
+    bias = make_tensor((C_out,), device, dtype, "contiguous", requires_grad) if has_bias else None
+    mask = make_tensor((B, og * kh * kw, H_out, W_out), device, dtype, "contiguous", requires_grad, uniform=True)
+    return input, offset, weight, bias, [sh, sw], [ph, pw], [dh, dw], (mask if has_mask else None)
+
+
+def deform_conv2d_samples(device, dtype, requires_grad):
+    for case in DEFORM_CONV2D_CASES:
+        yield SampleInput(_deform_conv2d_tensors(case, device, dtype, requires_grad), name=case[0])
+    # Keyword arguments, other layouts of offset, weight and mask.
+    input, offset, weight, bias, stride, padding, dilation, mask = _deform_conv2d_tensors(
+        DEFORM_CONV2D_CASES[0], device, dtype, False
+    )
+    rg = lambda t: t.detach().requires_grad_(requires_grad)  # noqa: E731
+    yield SampleInput(
+        (rg(input), rg(offset.transpose(2, 3).contiguous().transpose(2, 3))),
+        {
+            "weight": rg(weight.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0)),
+            "bias": make_tensor(bias.shape, device, dtype, "strided", requires_grad),
+            "padding": padding,  # stride and dilation: the defaults
+        },
+        name="kwargs_strided_offset_weight",
+    )
+    yield SampleInput(
+        (rg(input), rg(offset), rg(weight)),
+        {
+            "stride": stride,
+            "padding": padding,
+            "dilation": dilation,
+            "mask": rg(mask.transpose(2, 3).contiguous().transpose(2, 3)),
+        },
+        name="kwargs_mask_no_bias",
+    )
+    # Integer offsets: sampling points on pixels (and at -1, H, on the border). The bilinear
+    # interpolation has a kink there, so the offsets take no part in gradcheck.
+    offset_int = torch.randint(-2, 3, offset.shape, dtype=torch.float64).to(device=device, dtype=dtype)
+    yield SampleInput(
+        (rg(input), offset_int, rg(weight), rg(bias), stride, padding, dilation, rg(mask)), name="integer_offsets"
+    )
+
+
+def deform_conv2d_backward_samples(device, dtype, requires_grad):
+    masks = [[True, True, True, True, True], [True, False, False, False, False], [False, True, True, False, True]]
+    for i, case in enumerate(DEFORM_CONV2D_CASES):
+        input, offset, weight, bias, stride, padding, dilation, mask = _deform_conv2d_tensors(
+            case, device, dtype, requires_grad
+        )
+        H_out, W_out = offset.shape[2], offset.shape[3]
+        grad_out = make_tensor(
+            (input.shape[0], weight.shape[0], H_out, W_out), device, dtype, "contiguous", requires_grad
+        )
+        yield SampleInput(
+            (grad_out, input, offset, weight, mask, stride, padding, dilation, masks[i % 3]), name=case[0]
+        )
+
+
+def deform_conv2d_backward_reference(grad_out, input, offset, weight, mask, stride, padding, dilation, output_mask):
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (input, offset, weight)]
+        bias = torch.zeros(weight.shape[0], dtype=input.dtype, device=input.device, requires_grad=True)
+        m = mask.detach().requires_grad_() if mask is not None else None
+        wrt = [*leaves, bias] + ([m] if m is not None else [])
+        out = deform_conv2d_reference(*leaves, bias, stride, padding, dilation, m)
+        grads = torch.autograd.grad(out, wrt, grad_out, allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(grads, wrt)]
+    if m is None:
+        grads.append(None)
+    empty = input.new_empty(0)
+    return tuple(g if want and g is not None else empty for g, want in zip(grads, output_mask))
+
+
+def deform_conv2d_errors(device):
+    x = torch.randn(2, 4, 5, 5, device=device)
+    w = torch.randn(3, 4, 3, 3, device=device)
+    off = torch.randn(2, 18, 5, 5, device=device)
+    m = torch.rand(2, 9, 5, 5, device=device)
+    b = torch.randn(3, device=device)
+
+    def call(x=x, off=off, w=w, b=b, stride=1, padding=1, dilation=1, m=m):
+        return SampleInput((x, off, w, b, stride, padding, dilation, m))
+
+    yield ErrorInput(call(x=x.int()), "input", ("floating dtype", "torch.int32"))
+    yield ErrorInput(call(off=off.long()), "offset", ("floating dtype", "torch.int64"))
+    yield ErrorInput(call(w=w.double()), "weight", ("dtype of input", "torch.float32", "torch.float64"))
+    yield ErrorInput(call(m=m.half()), "mask", ("dtype of input", "torch.float16"))
+    yield ErrorInput(call(b=b.bfloat16()), "bias", ("dtype of input", "torch.bfloat16"))
+    yield ErrorInput(
+        call(off=off[:, :17]),
+        "offset",
+        ("a positive multiple of 18", "(kh = 3, kw = 3)", "[2, 17, 5, 5]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(
+        call(off=torch.randn(2, 36, 5, 5, device=device)),
+        "mask",
+        ("shape [2, 18, 5, 5]", "offset_groups = 2", "[2, 9, 5, 5]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(call(off=off[:, :, :4]), "offset", ("shape [2, 18, 5, 5]", "[2, 18, 4, 5]"), fake_refuses=True)
+    yield ErrorInput(call(off=off[:1]), "offset", ("shape [2, 18, 5, 5]", "[1, 18, 5, 5]"), fake_refuses=True)
+    yield ErrorInput(call(m=m[:, :, :, :3]), "mask", ("shape [2, 9, 5, 5]", "[2, 9, 5, 3]"), fake_refuses=True)
+    yield ErrorInput(
+        call(w=torch.randn(3, 3, 3, 3, device=device)),
+        "input.shape[1]",
+        ("weight.shape[1] (in_channels / groups) = 3", "[2, 4, 5, 5]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(
+        call(
+            x=torch.randn(2, 6, 5, 5, device=device),
+            w=torch.randn(4, 3, 3, 3, device=device),
+            off=torch.randn(2, 72, 5, 5, device=device),
+            b=None,
+            m=None,
+        ),
+        "input.shape[1]",
+        ("divisible by offset_groups = 4", "[2, 6, 5, 5]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(
+        call(w=torch.randn(3, 2, 3, 3, device=device)),
+        "weight.shape[0]",
+        ("divisible by groups = 2", "[3, 2, 3, 3]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(call(stride=0), "stride", (">= 1", "[0, 0]"), fake_refuses=True)
+    yield ErrorInput(call(stride=[1, 0]), "stride", (">= 1", "[1, 0]"), fake_refuses=True)
+    yield ErrorInput(call(dilation=[0, 1]), "dilation", (">= 1", "[0, 1]"), fake_refuses=True)
+    yield ErrorInput(call(padding=[-1, 1]), "padding", (">= 0", "[-1, 1]"), fake_refuses=True)
+    yield ErrorInput(call(stride=[1, 1, 1]), "stride", ("a pair of ints", "[1, 1, 1]"), fake_refuses=True)
+    yield ErrorInput(
+        SampleInput(
+            (torch.randn(1, 4, 2, 2, device=device), torch.randn(1, 18, 1, 1, device=device), w, None, 1, 0, 1, None)
+        ),
+        "input",
+        ("at least as large as the dilated kernel [3, 3]", "output size [0, 0]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(call(x=x[0]), "input", ("4-D", "[4, 5, 5]"), fake_refuses=True)
+    yield ErrorInput(call(w=w[0]), "weight", ("4-D", "[4, 3, 3]"), fake_refuses=True)
+    yield ErrorInput(
+        call(b=torch.randn(4, device=device)), "bias", ("(out_channels,) = (3,)", "[4]"), fake_refuses=True
+    )
+    if _other_device(device):
+        yield ErrorInput(call(off=off.cpu()), "offset", ("device of input (cuda:0)", "but got cpu"))
+        yield ErrorInput(call(m=m.cpu()), "mask", ("device of input (cuda:0)", "but got cpu"))
+        yield ErrorInput(call(x=x.cpu()), "offset", ("device of input (cpu)", "but got cuda:0"))
+
+
+def deform_conv2d_backward_errors(device):
+    x = torch.randn(1, 4, 5, 5, device=device)
+    w = torch.randn(3, 4, 3, 3, device=device)
+    off = torch.randn(1, 18, 5, 5, device=device)
+    m = torch.rand(1, 9, 5, 5, device=device)
+    g = torch.randn(1, 3, 5, 5, device=device)
+    pair, mask5 = [1, 1], [True] * 5
+    yield ErrorInput(
+        SampleInput((g[:, :2], x, off, w, m, pair, pair, pair, mask5)),
+        "grad_out",
+        ("output's shape [1, 3, 5, 5]", "[1, 2, 5, 5]"),
+        fake_refuses=True,
+    )
+    yield ErrorInput(
+        SampleInput((g.double(), x, off, w, m, pair, pair, pair, mask5)),
+        "grad_out",
+        ("dtype of input", "torch.float64"),
+    )
+    yield ErrorInput(
+        SampleInput((g, x, off[:, :10], w, m, pair, pair, pair, mask5)),
+        "offset",
+        ("a positive multiple of 18",),
+        fake_refuses=True,
+    )
+    yield ErrorInput(
+        SampleInput((g, x, off, w, m.int(), pair, pair, pair, mask5)), "mask", ("floating dtype", "torch.int32")
+    )
+    if _other_device(device):
+        yield ErrorInput(
+            SampleInput((g.cpu(), x, off, w, m, pair, pair, pair, mask5)),
+            "grad_out",
+            ("device of input (cuda:0)", "but got cpu"),
+        )
+
+
+DEFORM_CONV2D = OpSpec(
+    name="deform_conv2d",
+    sample_inputs=deform_conv2d_samples,
+    reference=deform_conv2d_reference,
+    supports_gradgrad=False,  # first-order gradients only: double backward raises
+    error_inputs=deform_conv2d_errors,
+    cuda_kernels={"deform_conv2d_im2col_kernel": "3x3_pad1_mask"},
+)
+
+DEFORM_CONV2D_BACKWARD = OpSpec(
+    name="deform_conv2d_backward",
+    sample_inputs=deform_conv2d_backward_samples,
+    reference=deform_conv2d_backward_reference,
+    supports_gradgrad=False,
+    error_inputs=deform_conv2d_backward_errors,
+    cuda_kernels={
+        "deform_conv2d_im2col_kernel": "3x3_pad1_mask",
+        "deform_conv2d_col2im_kernel": "3x3_pad1_mask",
+        "deform_conv2d_coord_kernel": "3x3_pad1_mask",
+    },
+    unsupported={
+        "autograd": "first-order gradients only: the backward op has no derivative of its own (it raises)",
+        "onnx": "no ONNX translation: a backward op, absent from inference graphs",
+    },
+)
+
 OP_SPECS = [
     ADD,
     SIGMOID,
@@ -386,4 +672,6 @@ OP_SPECS = [
     FUSED_LINEAR_SIGMOID_BACKWARD,
     SIGMOID_FOCAL_LOSS,
     SIGMOID_FOCAL_LOSS_BACKWARD,
+    DEFORM_CONV2D,
+    DEFORM_CONV2D_BACKWARD,
 ]

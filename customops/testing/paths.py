@@ -422,6 +422,7 @@ def check_onnx(spec: OpSpec, device: str = "cpu", quick: bool = False) -> None:
         import onnxruntime as ort
 
         from customops.export import ONNX_TRANSLATION_TABLE
+        from customops.export.onnx_translation import ONNX_OPSET
     except ImportError as e:
         raise NotApplicable(
             f"needs onnx, onnxscript and onnxruntime ({e.name} is not installed): "
@@ -438,6 +439,7 @@ def check_onnx(spec: OpSpec, device: str = "cpu", quick: bool = False) -> None:
                 path,
                 dynamo=True,
                 custom_translation_table=ONNX_TRANSLATION_TABLE,
+                opset_version=ONNX_OPSET,
                 input_names=[f"in{i}" for i in range(len(tensors))],
                 verbose=False,
             )

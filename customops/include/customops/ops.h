@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -42,6 +43,23 @@ at::Tensor sigmoid_focal_loss(
 std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward(
     const at::Tensor& grad_out, const at::Tensor& inputs, const at::Tensor& targets, double alpha, double gamma,
     std::string_view reduction, std::array<bool, 2> output_mask = {true, true});
+
+// Deformable convolution (Dai et al. 2017), modulated by mask (Zhu et al. 2019), with
+// torchvision.ops.deform_conv2d's semantics: input (B, C_in, H, W), offset
+// (B, 2 * offset_groups * kh * kw, H_out, W_out), weight (C_out, C_in / groups, kh, kw), bias
+// (C_out,) or none, mask (B, offset_groups * kh * kw, H_out, W_out) or none; returns
+// (B, C_out, H_out, W_out), contiguous.
+at::Tensor deform_conv2d(
+    const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias = std::nullopt, std::array<int64_t, 2> stride = {1, 1},
+    std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1},
+    const std::optional<at::Tensor>& mask = std::nullopt);
+// Gradients of deform_conv2d: (grad_input, grad_offset, grad_weight, grad_bias, grad_mask); an
+// output whose output_mask entry is false, and grad_mask without a mask, is an empty tensor.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_conv2d_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+    const std::optional<at::Tensor>& mask, std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+    std::array<int64_t, 2> dilation, std::array<bool, 5> output_mask = {true, true, true, true, true});
 
 // What the loaded op library was built with and where it was loaded from, as JSON:
 // {"customops": version, "torch": version, "cuda_kernels": bool, "cuda_archs": [...],

@@ -1,0 +1,247 @@
+"""customops.deform_conv2d against torchvision.ops.deform_conv2d and the dense conv2d of the same
+shape (same groups), forward and forward + backward (gradients for input, offset, mask, weight
+and bias), 3x3 kernel, padding 1, mask given (DCNv2).
+
+CPU (default without a GPU): float32, ``torch.set_num_threads(--threads)``, medians of
+torch.utils.benchmark's blocked_autorange. CUDA: medians with the L2 flushed (benchmarks/common.py),
+and the extra peak memory of forward + backward. Each row also gives the work it has to do:
+the dense convolution's GEMM FLOPs, the bilinear gathers (4 reads and 4 multiply-adds per
+sampled value, B * C_in * kh * kw * H_out * W_out values) and the bytes that must move at
+least once (inputs, offsets, mask, weight and output).
+
+    python benchmarks/bench_deform_conv2d.py --out benchmarks/results          # CPU shapes
+    python benchmarks/bench_deform_conv2d.py --device cuda --out benchmarks/results
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import customops  # noqa: E402
+
+# (B, C_in, H, W, C_out, groups, offset_groups, dtype, channels_last)
+CPU_SHAPES = [
+    (1, 64, 64, 64, 64, 1, 1, torch.float32, False),
+    (2, 128, 32, 32, 128, 1, 1, torch.float32, False),
+]
+CUDA_SHAPES = [
+    (8, 256, 64, 64, 256, 1, 1, torch.float32, False),
+    (8, 256, 64, 64, 256, 1, 1, torch.float16, False),
+    (2, 64, 256, 256, 64, 1, 1, torch.float32, False),
+    (16, 512, 32, 32, 512, 1, 1, torch.float32, False),
+    (8, 256, 64, 64, 256, 1, 1, torch.float16, True),
+    (8, 256, 64, 64, 256, 1, 4, torch.float16, False),
+    (8, 256, 64, 64, 256, 256, 1, torch.float32, False),
+    (8, 256, 64, 64, 256, 256, 1, torch.float16, False),
+]
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{platform.machine()} {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def torchvision_deform_conv2d():
+    """torchvision.ops.deform_conv2d, or the reason it cannot be imported here."""
+    try:
+        from torchvision.ops import deform_conv2d
+
+        return deform_conv2d, None
+    except Exception as e:  # noqa: BLE001  (an ImportError, or a RuntimeError from a mismatched torch)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
+
+def make_inputs(shape, device, requires_grad):
+    B, C, H, W, C_out, groups, og, dtype, channels_last = shape
+    g = torch.Generator().manual_seed(0)
+
+    def t(*s, scale=1.0, uniform=False):
+        x = torch.rand(s, generator=g) if uniform else torch.randn(s, generator=g) * scale
+        return x.to(device=device, dtype=dtype).requires_grad_(requires_grad)
+
+    x = t(B, C, H, W)
+    if channels_last:
+        x = x.detach().to(memory_format=torch.channels_last).requires_grad_(requires_grad)
+    return dict(
+        input=x,
+        offset=t(B, 2 * og * 9, H, W, scale=2.0),
+        weight=t(C_out, C // groups, 3, 3, scale=0.1),
+        bias=t(C_out),
+        mask=t(B, og * 9, H, W, uniform=True),
+    )
+
+
+def work(shape):
+    """(GEMM FLOPs, gather FLOPs, minimum bytes) of one forward."""
+    B, C, H, W, C_out, groups, og, dtype, _ = shape
+    size = torch.empty((), dtype=dtype).element_size()
+    samples = B * C * 9 * H * W
+    gemm = 2 * B * C_out * H * W * (C // groups) * 9
+    gather = 8 * samples
+    bytes_ = size * (B * C * H * W + B * 3 * og * 9 * H * W + C_out * (C // groups) * 9 + C_out + B * C_out * H * W)
+    return gemm, gather, bytes_
+
+
+def timer(device):
+    if device == "cuda":
+        from common import do_bench
+
+        return lambda fn: do_bench(fn)
+    from torch.utils.benchmark import Timer
+
+    return lambda fn: Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.5).median * 1e6
+
+
+def round_robin(fns, measure, rounds):
+    """Median over ``rounds`` passes that each time every function once, in turn, so that a
+    machine whose load changes during the run (a shared CPU) affects all of them alike."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(measure(fn))
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def fwd_bwd(call, inputs):
+    leaves = [v for v in inputs.values() if v is not None and v.requires_grad]
+    out = call()
+    grad = torch.ones_like(out)
+
+    def step():
+        for v in leaves:
+            v.grad = None
+        call().backward(grad)
+
+    return step
+
+
+def bench_shape(shape, device, measure, tv, rounds):
+    B, C, H, W, C_out, groups, og, dtype, _ = shape
+    row = {}
+    for mode in ("fwd", "fwd+bwd"):
+        rg = mode == "fwd+bwd"
+        i = make_inputs(shape, device, rg)
+        calls = {
+            "customops": lambda i=i: customops.deform_conv2d(
+                i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"]
+            ),
+            "conv2d": lambda i=i: F.conv2d(i["input"], i["weight"], i["bias"], 1, 1, 1, groups),
+        }
+        if tv is not None:
+            calls["torchvision"] = lambda i=i: tv(
+                i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"]
+            )
+        fns = {name: (fwd_bwd(call, i) if rg else call) for name, call in calls.items()}
+        with torch.enable_grad() if rg else torch.no_grad():
+            for fn in fns.values():
+                fn()  # warm up
+            for name, t in round_robin(fns, measure, rounds).items():
+                row[f"{name} {mode} (us)"] = t
+            if device == "cuda" and rg:
+                for name, fn in fns.items():
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    fn()
+                    torch.cuda.synchronize()
+                    row[f"{name} {mode} extra peak (MB)"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    # Agreement with torchvision on this shape (float32 and 16-bit: relative error of the output).
+    if tv is not None:
+        with torch.no_grad():
+            i = make_inputs(shape, device, False)
+            args = (i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"])
+            ours, theirs = customops.deform_conv2d(*args).double(), tv(*args).double()
+            row["rel. diff. to torchvision"] = ((ours - theirs).norm() / theirs.norm()).item()
+    return row
+
+
+def write_markdown(path, title, header, rows, tail=""):
+    def cell(key, v):
+        if not isinstance(v, float):
+            return str(v)
+        return f"{v:.0f}" if key.endswith("(us)") else f"{v:.2f}" if key.startswith(("torch", "custom")) else f"{v:.3g}"
+
+    keys = list(rows[0])
+    with open(path, "w") as f:
+        f.write(f"# {title}\n\n{header}\n\n")
+        f.write("| " + " | ".join(keys) + " |\n|" + "---|" * len(keys) + "\n")
+        for row in rows:
+            f.write("| " + " | ".join(cell(k, row.get(k, "")) for k in keys) + " |\n")
+        if tail:
+            f.write(f"\n{tail}\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument("--rounds", type=int, default=5, help="passes over the implementations (median)")
+    parser.add_argument("--out", help="folder for the .md and .json results")
+    args = parser.parse_args()
+    device = args.device
+    if device == "cpu":
+        torch.set_num_threads(args.threads)
+    tv, tv_missing = torchvision_deform_conv2d()
+    measure = timer(device)
+    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    machine = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
+    if device == "cpu":
+        machine += f", {args.threads} threads, load average {os.getloadavg()[0]:.1f} at the start"
+    tv_version = getattr(sys.modules.get("torchvision"), "__version__", None)
+    header = (
+        f"{machine}, torch {torch.__version__}, torchvision {tv_version or 'not importable: ' + str(tv_missing)}, "
+        f"{datetime.date.today().isoformat()}. Command: `python {' '.join(sys.argv)}`."
+    )
+    print(header)
+    rows = []
+    for shape in shapes:
+        B, C, H, W, C_out, groups, og, dtype, cl = shape
+        name = f"{B}x{C}x{H}x{W} -> {C_out}" + (f", groups {groups}" if groups > 1 else "")
+        name += (f", offset_groups {og}" if og > 1 else "") + (", channels_last" if cl else "")
+        row = {"shape": name, "dtype": str(dtype).replace("torch.", "")}
+        row.update(bench_shape(shape, device, measure, tv, args.rounds))
+        gemm, gather, bytes_ = work(shape)
+        row["GEMM GFLOP"] = gemm / 1e9
+        row["gather GFLOP"] = gather / 1e9
+        row["min. MB moved"] = bytes_ / 1e6
+        row["customops fwd GFLOP/s"] = (gemm + gather) / (row["customops fwd (us)"] * 1e3)
+        for mode in ("fwd", "fwd+bwd"):
+            if f"torchvision {mode} (us)" in row:
+                row[f"torchvision / customops {mode}"] = row[f"torchvision {mode} (us)"] / row[f"customops {mode} (us)"]
+            row[f"customops / conv2d {mode}"] = row[f"customops {mode} (us)"] / row[f"conv2d {mode} (us)"]
+        print(json.dumps(row))
+        rows.append(row)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        tag = "cpu" if device == "cpu" else torch.cuda.get_device_name().replace(" ", "_")
+        stem = os.path.join(args.out, f"deform_conv2d_{tag}_{datetime.date.today().isoformat()}")
+        with open(stem + ".json", "w") as f:
+            json.dump({"header": header, "rows": rows}, f, indent=1)
+        tail = ""
+        if device == "cpu":
+            tail = (
+                f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared machine: ratios, measured in one "
+                "interleaved run, are more telling than absolute times)."
+            )
+        write_markdown(
+            stem + ".md", f"deform_conv2d on {'the CPU' if device == 'cpu' else machine}", header, rows, tail
+        )
+        print(f"wrote {stem}.md and .json")
+
+
+if __name__ == "__main__":
+    main()

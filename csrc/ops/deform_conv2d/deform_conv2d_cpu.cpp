@@ -1,0 +1,523 @@
+// deform_conv2d and its backward, CPU kernels. Formula: deform_conv2d.h.
+//
+// The input is read channels-last (one copy, unless it already is channels_last in the
+// compute dtype): the four pixels around a sampling point are then four contiguous runs of
+// channels, so one tap of one output pixel is a vector loop over its offset group's
+// channels, with the bilinear weights computed once per (pixel, offset group, tap) rather
+// than once per channel. Per image and per chunk of output pixels (a column buffer of
+// chunk x in_channels * kh * kw values, about kColumnBudget bytes):
+//   forward: im2col (parallel over pixels), then one GEMM per group, written straight
+//     into the output (at::mm_out, BLAS).
+//   backward: the columns again and grad_weight += grad_out x columns (GEMM); grad columns
+//     = grad_out^T x weight (GEMM) over the same buffer; grad_input by col2im, parallel
+//     over input channels (each thread owns its channels: no races, and the same result
+//     for any number of threads); grad_offset and grad_mask from dot products of the grad
+//     columns with the four pixels (parallel over pixels).
+// 16-bit inputs are converted to float32 once and computed in float32 (GEMMs included);
+// float64 computes in float64. Outputs are fresh contiguous (NCHW) tensors.
+//
+// The inner loops are compiled twice, for the baseline ISA and for AVX2 + FMA, and the
+// second is chosen at run time where the CPU has it: the library is built with generic
+// flags, and these loops are most of the time that the GEMMs do not take.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "../common/library.h"
+#include "deform_conv2d.h"
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define CUSTOMOPS_DC_AVX2 1
+#define CUSTOMOPS_DC_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define CUSTOMOPS_DC_AVX2 0
+#endif
+
+namespace customops {
+namespace {
+
+// Bytes of column buffer per chunk: a few MB stays in the last-level cache between im2col
+// and the GEMM that reads it.
+constexpr int64_t kColumnBudget = 8 << 20;
+
+// The tensors of one image, in the compute type T, and the geometry.
+template <typename T>
+struct Image {
+  const T* x;     // (height, width, in_channels): channels-last
+  const T* off;   // (offset_groups, kh * kw, 2, out_pixels)
+  const T* msk;   // (offset_groups, kh * kw, out_pixels), or nullptr
+  const T* zero;  // in_channels zeros: what a pixel outside the image reads
+  DeformConv2dGeometry g;
+
+  C10_ALWAYS_INLINE BilinearTap<T> tap(
+      int64_t oy, int64_t ox, int64_t p, int64_t i, int64_t j, int64_t ok, T* m) const {
+    return deform_conv2d_tap_at(g, off, msk, oy, ox, p, i, j, ok, m);
+  }
+
+  C10_ALWAYS_INLINE const T* pixel(int64_t idx) const {
+    return idx >= 0 ? x + idx * g.in_channels : zero;
+  }
+};
+
+// Column buffer layout, one row per output pixel: [group][tap][channel within group], so
+// that each group's (kh * kw * in_channels / groups) columns are contiguous and match the
+// weight permuted to (out_channels, kh, kw, in_channels / groups).
+struct ColumnLayout {
+  int64_t row, per_group, taps, in_per_group;
+  explicit ColumnLayout(const DeformConv2dGeometry& g)
+      : row(g.in_channels * g.taps()),
+        per_group(g.taps() * g.in_per_group()),
+        taps(g.taps()),
+        in_per_group(g.in_per_group()) {}
+};
+
+// A run of channels [c, c + n) of one offset group that lies in one group; its values for
+// tap k sit at base + k * in_per_group in a row of the column buffer.
+struct Run {
+  int64_t c, n, base;
+};
+
+// The runs of the channels [lo, hi), computed once per call (no division in the inner loops).
+inline std::vector<Run> make_runs(const ColumnLayout& L, int64_t lo, int64_t hi) {
+  std::vector<Run> runs;
+  for (int64_t c = lo; c < hi;) {
+    const int64_t gc = c / L.in_per_group;
+    const int64_t end = std::min(hi, (gc + 1) * L.in_per_group);
+    runs.push_back({c, end - c, gc * L.per_group + (c - gc * L.in_per_group)});
+    c = end;
+  }
+  return runs;
+}
+
+inline std::vector<std::vector<Run>> runs_by_offset_group(const DeformConv2dGeometry& g) {
+  const ColumnLayout L(g);
+  std::vector<std::vector<Run>> runs;
+  for (int64_t og = 0; og < g.offset_groups; ++og) {
+    runs.push_back(make_runs(L, og * g.in_per_offset_group(), (og + 1) * g.in_per_offset_group()));
+  }
+  return runs;
+}
+
+// 32-byte vectors (GCC/Clang vector extensions): ymm registers in the AVX2 instantiation,
+// pairs of xmm in the baseline one. Written out because the reductions below do not
+// vectorize by themselves (that would reorder a sum), and so that the loops do not depend on
+// what the auto-vectorizer makes of them.
+template <typename T>
+struct Simd {
+  static constexpr int64_t kLanes = 32 / sizeof(T);
+  typedef T V __attribute__((vector_size(32)));
+  static C10_ALWAYS_INLINE V load(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
+  static C10_ALWAYS_INLINE void store(T* p, V v) {
+    std::memcpy(p, &v, sizeof(V));
+  }
+  static C10_ALWAYS_INLINE V splat(T x) {
+    V v;
+    for (int64_t l = 0; l < kLanes; ++l) v[l] = x;
+    return v;
+  }
+  static C10_ALWAYS_INLINE T sum(V v) {
+    T s = 0;
+    for (int64_t l = 0; l < kLanes; ++l) s += v[l];
+    return s;
+  }
+};
+
+// dst[i] = wa a[i] + wb b[i] + wc c[i] + wd d[i]: one tap's bilinear sample over n channels.
+template <typename T>
+C10_ALWAYS_INLINE void sample4(
+    T* __restrict__ dst, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
+    const T* __restrict__ d, T wa, T wb, T wc, T wd, int64_t n) {
+  using S = Simd<T>;
+  const typename S::V va = S::splat(wa), vb = S::splat(wb), vc = S::splat(wc), vd = S::splat(wd);
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) {
+    S::store(dst + i, va * S::load(a + i) + vb * S::load(b + i) + vc * S::load(c + i) + vd * S::load(d + i));
+  }
+  for (; i < n; ++i) dst[i] = wa * a[i] + wb * b[i] + wc * c[i] + wd * d[i];
+}
+
+// dst[i] += w src[i].
+template <typename T>
+C10_ALWAYS_INLINE void axpy(T* __restrict__ dst, const T* __restrict__ src, T w, int64_t n) {
+  using S = Simd<T>;
+  const typename S::V vw = S::splat(w);
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) S::store(dst + i, S::load(dst + i) + vw * S::load(src + i));
+  for (; i < n; ++i) dst[i] += w * src[i];
+}
+
+// acc[k] += sum_i g[i] * p_k[i] for the four pixels p_0..p_3, in vector partial sums.
+template <typename T>
+C10_ALWAYS_INLINE void dot4(
+    const T* __restrict__ g, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
+    const T* __restrict__ d, int64_t n, T acc[4]) {
+  using S = Simd<T>;
+  typename S::V s0 = S::splat(0), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) {
+    const typename S::V gv = S::load(g + i);
+    s0 += gv * S::load(a + i);
+    s1 += gv * S::load(b + i);
+    s2 += gv * S::load(c + i);
+    s3 += gv * S::load(d + i);
+  }
+  T t0 = S::sum(s0), t1 = S::sum(s1), t2 = S::sum(s2), t3 = S::sum(s3);
+  for (; i < n; ++i) {
+    t0 += g[i] * a[i];
+    t1 += g[i] * b[i];
+    t2 += g[i] * c[i];
+    t3 += g[i] * d[i];
+  }
+  acc[0] += t0;
+  acc[1] += t1;
+  acc[2] += t2;
+  acc[3] += t3;
+}
+
+// columns[r] for the output pixels p0 + r, r in [r0, r1).
+template <typename T>
+C10_ALWAYS_INLINE void im2col_body(
+    const Image<T>& im, const std::vector<std::vector<Run>>& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
+  const DeformConv2dGeometry& g = im.g;
+  const ColumnLayout L(g);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
+    T* row = col + r * L.row;
+    for (int64_t og = 0; og < g.offset_groups; ++og) {
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, og * g.taps() + k, &m);
+          const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
+          const T w[4] = {m * t.w[0], m * t.w[1], m * t.w[2], m * t.w[3]};
+          for (const Run& run : runs[og]) {
+            T* dst = row + run.base + k * L.in_per_group;
+            if (!t.inside) {
+              std::fill(dst, dst + run.n, T(0));
+            } else {
+              const int64_t c = run.c;
+              sample4(dst, s[0] + c, s[1] + c, s[2] + c, s[3] + c, w[0], w[1], w[2], w[3], run.n);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// grad_x (height, width, in_channels) += col2im(grad columns), for channels [c0, c1).
+template <typename T>
+C10_ALWAYS_INLINE void col2im_body(
+    const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, int64_t c0, int64_t c1, T* gx) {
+  const DeformConv2dGeometry& g = im.g;
+  const ColumnLayout L(g);
+  const int64_t cog = g.in_per_offset_group();
+  const int64_t C = g.in_channels;
+  for (int64_t og = c0 / cog; og * cog < c1; ++og) {
+    const std::vector<Run> runs = make_runs(L, std::max(c0, og * cog), std::min(c1, (og + 1) * cog));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
+      const T* row = gcol + r * L.row;
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, og * g.taps() + k, &m);
+          if (!t.inside) continue;
+          for (int q = 0; q < 4; ++q) {
+            if (t.idx[q] < 0) continue;
+            T* dst = gx + t.idx[q] * C;
+            const T w = m * t.w[q];
+            for (const Run& run : runs) axpy(dst + run.c, row + run.base + k * L.in_per_group, w, run.n);
+          }
+        }
+      }
+    }
+  }
+}
+
+// grad_offset and grad_mask (offset's and mask's layouts, image b) for pixels p0 + [r0, r1).
+template <typename T>
+C10_ALWAYS_INLINE void coord_grad_body(
+    const Image<T>& im, const std::vector<std::vector<Run>>& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol,
+    T* goff, T* gmask) {
+  const DeformConv2dGeometry& g = im.g;
+  const ColumnLayout L(g);
+  const int64_t P = g.out_pixels();
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
+    const T* row = gcol + r * L.row;
+    for (int64_t og = 0; og < g.offset_groups; ++og) {
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          const int64_t ok = og * g.taps() + k;
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, ok, &m);
+          T gy = 0, gx = 0, gm = 0;
+          if (t.inside) {
+            const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
+            T d[4] = {0, 0, 0, 0};
+            for (const Run& run : runs[og]) {
+              const int64_t c = run.c;
+              dot4(row + run.base + k * L.in_per_group, s[0] + c, s[1] + c, s[2] + c, s[3] + c, run.n, d);
+            }
+            bilinear_tap_grads(t, d, m, &gy, &gx, &gm);
+          }
+          if (goff) {
+            goff[(2 * ok) * P + p] = gy;
+            goff[(2 * ok + 1) * P + p] = gx;
+          }
+          if (gmask) gmask[ok * P + p] = gm;
+        }
+      }
+    }
+  }
+}
+
+using Runs = std::vector<std::vector<Run>>;
+
+template <typename T>
+void im2col_base(const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
+  im2col_body(im, runs, p0, r0, r1, col);
+}
+template <typename T>
+void col2im_base(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, int64_t c0, int64_t c1, T* gx) {
+  col2im_body(im, p0, rows, gcol, c0, c1, gx);
+}
+template <typename T>
+void coord_grad_base(
+    const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
+  coord_grad_body(im, runs, p0, r0, r1, gcol, goff, gmask);
+}
+
+#if CUSTOMOPS_DC_AVX2
+template <typename T>
+CUSTOMOPS_DC_TARGET_AVX2 void im2col_avx2(
+    const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
+  im2col_body(im, runs, p0, r0, r1, col);
+}
+template <typename T>
+CUSTOMOPS_DC_TARGET_AVX2 void col2im_avx2(
+    const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, int64_t c0, int64_t c1, T* gx) {
+  col2im_body(im, p0, rows, gcol, c0, c1, gx);
+}
+template <typename T>
+CUSTOMOPS_DC_TARGET_AVX2 void coord_grad_avx2(
+    const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
+  coord_grad_body(im, runs, p0, r0, r1, gcol, goff, gmask);
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+#endif
+
+template <typename T>
+void im2col(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, T* col) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+#if CUSTOMOPS_DC_AVX2
+    if (cpu_has_avx2()) return im2col_avx2(im, runs, p0, r0, r1, col);
+#endif
+    im2col_base(im, runs, p0, r0, r1, col);
+  });
+}
+
+template <typename T>
+void col2im(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, T* gx) {
+  const int64_t per_channel = std::max<int64_t>(1, rows * im.g.taps());
+  const int64_t grain = std::max<int64_t>(1, 8192 / per_channel);
+  at::parallel_for(0, im.g.in_channels, grain, [&](int64_t c0, int64_t c1) {
+#if CUSTOMOPS_DC_AVX2
+    if (cpu_has_avx2()) return col2im_avx2(im, p0, rows, gcol, c0, c1, gx);
+#endif
+    col2im_base(im, p0, rows, gcol, c0, c1, gx);
+  });
+}
+
+template <typename T>
+void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, const T* gcol, T* goff, T* gmask) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+#if CUSTOMOPS_DC_AVX2
+    if (cpu_has_avx2()) return coord_grad_avx2(im, runs, p0, r0, r1, gcol, goff, gmask);
+#endif
+    coord_grad_base(im, runs, p0, r0, r1, gcol, goff, gmask);
+  });
+}
+
+// What the forward and the backward both read, converted to the compute type T.
+template <typename T>
+struct Operands {
+  at::Tensor x, off, msk, zero, w2;  // w2: (groups, out_channels / groups, kh * kw * in_channels / groups)
+  DeformConv2dGeometry g;
+
+  Operands(
+      const DeformConv2dGeometry& geo, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+      const c10::optional<at::Tensor>& mask, bool need_weight)
+      : g(geo) {
+    const auto ct = c10::CppTypeToScalarType<T>::value;
+    x = input.to(ct).contiguous(at::MemoryFormat::ChannelsLast);
+    off = offset.to(ct).contiguous();
+    if (mask.has_value()) msk = mask->to(ct).contiguous();
+    zero = at::zeros({g.in_channels}, x.options());
+    if (need_weight) {
+      w2 = weight.to(ct)
+               .permute({0, 2, 3, 1})
+               .contiguous()
+               .view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()});
+    }
+  }
+
+  Image<T> image(int64_t b) const {
+    const int64_t P = g.out_pixels();
+    return Image<T>{
+        x.const_data_ptr<T>() + b * g.height * g.width * g.in_channels,
+        off.const_data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P,
+        msk.defined() ? msk.const_data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr,
+        zero.const_data_ptr<T>(), g};
+  }
+};
+
+template <typename T>
+at::Tensor forward_impl(
+    const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
+  const auto ct = c10::CppTypeToScalarType<T>::value;
+  const Operands<T> ops(g, input, offset, weight, mask, true);
+  at::Tensor out_t = out.scalar_type() == ct ? out : at::empty(out.sizes(), out.options().dtype(ct));
+  const at::Tensor out3 = out_t.view({g.batch, g.out_channels, g.out_pixels()});
+  const ColumnLayout L(g);
+  const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
+  at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+  const Runs runs = runs_by_offset_group(g);
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const Image<T> im = ops.image(b);
+    for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
+      const int64_t n = std::min(chunk, g.out_pixels() - p0);
+      im2col(im, runs, p0, n, col.data_ptr<T>());
+      const at::Tensor cols = col.narrow(0, 0, n);
+      for (int64_t gc = 0; gc < g.groups; ++gc) {
+        at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+        at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
+      }
+    }
+  }
+  if (bias.has_value()) out_t.add_(bias->to(ct).view({1, g.out_channels, 1, 1}));
+  if (!out_t.is_same(out)) out.copy_(out_t);
+  return out;
+}
+
+at::Tensor deform_conv2d_cpu(
+    const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation, const c10::optional<at::Tensor>& mask) {
+  const DeformConv2dGeometry g = check_deform_conv2d_args(input, offset, weight, bias, stride, padding, dilation, mask);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  at::Tensor out = at::empty(
+      {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  if (input.scalar_type() == at::kDouble) return forward_impl<double>(g, input, offset, weight, bias, mask, out);
+  return forward_impl<float>(g, input, offset, weight, bias, mask, out);
+}
+
+using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+template <typename T>
+void backward_impl(
+    const DeformConv2dGeometry& g, const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset,
+    const at::Tensor& weight, const c10::optional<at::Tensor>& mask, std::array<bool, 5> want, at::Tensor& gx_t,
+    at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
+  const auto ct = c10::CppTypeToScalarType<T>::value;
+  const bool need_gcol = want[0] || want[1] || want[4];
+  const Operands<T> ops(g, input, offset, weight, mask, need_gcol);
+  const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
+  const ColumnLayout L(g);
+  const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
+  at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t P = g.out_pixels();
+  const Runs runs = runs_by_offset_group(g);
+  for (int64_t b = 0; b < g.batch; ++b) {
+    const Image<T> im = ops.image(b);
+    T* gx = want[0] ? gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels : nullptr;
+    T* goff = want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr;
+    T* gmask = want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr;
+    for (int64_t p0 = 0; p0 < P; p0 += chunk) {
+      const int64_t n = std::min(chunk, P - p0);
+      const at::Tensor cols = col.narrow(0, 0, n);
+      if (want[2]) {
+        im2col(im, runs, p0, n, col.data_ptr<T>());
+        for (int64_t gc = 0; gc < g.groups; ++gc) {
+          const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+          gw_t[gc].addmm_(go_g, cols.narrow(1, gc * L.per_group, L.per_group));
+        }
+      }
+      if (!need_gcol) continue;
+      for (int64_t gc = 0; gc < g.groups; ++gc) {
+        const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+        at::Tensor dst = cols.narrow(1, gc * L.per_group, L.per_group);
+        at::mm_out(dst, go_g.t(), ops.w2[gc]);
+      }
+      if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
+      if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
+    }
+  }
+}
+
+BackwardOutputs deform_conv2d_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& mask, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    std::array<bool, 5> output_mask) {
+  const DeformConv2dGeometry g =
+      check_deform_conv2d_backward_args(grad_out, input, offset, weight, mask, stride, padding, dilation);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  std::array<bool, 5> want = output_mask;
+  want[4] = want[4] && g.has_mask;
+  const auto ct = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = input.options().dtype(ct);
+  const bool empty = g.batch == 0 || g.out_channels == 0;
+  // Compute-type buffers: grad_input channels-last (col2im's layout), grad_weight as the GEMMs'
+  // (groups, out_channels / groups, kh * kw * in_channels / groups).
+  at::Tensor gx_t = want[0] ? at::zeros({g.batch, g.height, g.width, g.in_channels}, opts) : at::Tensor();
+  at::Tensor goff_t = want[1] ? at::zeros(offset.sizes(), opts) : at::Tensor();
+  at::Tensor gmask_t = want[4] ? at::zeros(mask->sizes(), opts) : at::Tensor();
+  at::Tensor gw_t =
+      want[2] ? at::zeros({g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, opts) : at::Tensor();
+  const bool any = want[0] || want[1] || want[2] || want[4];
+  if (any && !empty) {
+    if (ct == at::kDouble) {
+      backward_impl<double>(g, grad_out, input, offset, weight, mask, want, gx_t, goff_t, gw_t, gmask_t);
+    } else {
+      backward_impl<float>(g, grad_out, input, offset, weight, mask, want, gx_t, goff_t, gw_t, gmask_t);
+    }
+  }
+  const auto dt = input.scalar_type();
+  const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
+  at::Tensor grad_input = want[0] ? gx_t.permute({0, 3, 1, 2}).contiguous().to(dt) : none();
+  at::Tensor grad_offset = want[1] ? goff_t.to(dt) : none();
+  at::Tensor grad_weight =
+      want[2] ? gw_t.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}).contiguous().to(dt)
+              : none();
+  at::Tensor grad_bias = none();
+  if (output_mask[3]) grad_bias = grad_out.to(ct).sum(at::IntArrayRef{0, 2, 3}).to(dt);
+  at::Tensor grad_mask = want[4] ? gmask_t.to(dt) : none();
+  return {grad_input, grad_offset, grad_weight, grad_bias, grad_mask};
+}
+
+}  // namespace
+
+CUSTOMOPS_LIBRARY_IMPL(CPU, m) {
+  m.impl("deform_conv2d", &deform_conv2d_cpu);
+  m.impl("deform_conv2d_backward", &deform_conv2d_backward_cpu);
+}
+
+}  // namespace customops

@@ -1,0 +1,240 @@
+"""customops::deform_conv2d and customops::deform_conv2d_backward.
+
+Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd) and the formula:
+csrc/ops/deform_conv2d/.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["deform_conv2d"]
+
+
+def deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride: Tuple[int, int] = (1, 1),
+    padding: Tuple[int, int] = (0, 0),
+    dilation: Tuple[int, int] = (1, 1),
+    mask: Optional[Tensor] = None,
+) -> Tensor:
+    """Deformable convolution (DCNv1), modulated when ``mask`` is given (DCNv2).
+
+    Same function, arguments and defaults as :func:`torchvision.ops.deform_conv2d`. The
+    convolution of Dai et al., "Deformable Convolutional Networks" (ICCV 2017), with the
+    modulation of Zhu et al., "Deformable ConvNets v2: More Deformable, Better Results"
+    (CVPR 2019): for output pixel ``(oy, ox)``, kernel tap ``k = (i, j)`` and the offset group
+    ``g`` of input channel ``c``::
+
+        y = oy * stride[0] - padding[0] + i * dilation[0] + offset[b, 2 * (g * kh * kw + k), oy, ox]
+        x = ox * stride[1] - padding[1] + j * dilation[1] + offset[b, 2 * (g * kh * kw + k) + 1, oy, ox]
+        out[b, o, oy, ox] = bias[o] + sum_{c in o's group, k} weight[o, c', i, j]
+                                       * mask[b, g * kh * kw + k, oy, ox] * bilinear(input[b, c], y, x)
+
+    where ``c'`` is ``c``'s index within its group and ``bilinear`` interpolates the four
+    pixels around ``(y, x)``, each 0 outside the image (so a point with ``y <= -1``,
+    ``y >= H``, ``x <= -1`` or ``x >= W`` samples 0). With zero offsets and no mask it is
+    :func:`torch.nn.functional.conv2d`.
+
+    Args:
+        input: ``(B, C_in, H, W)``.
+        offset: ``(B, 2 * offset_groups * kh * kw, H_out, W_out)``, ``(dy, dx)`` interleaved per
+            kernel tap, taps in row-major order, offset groups outermost; in pixels.
+        weight: ``(C_out, C_in / groups, kh, kw)``; ``groups = C_in / weight.shape[1]``, which
+            must divide ``C_out``.
+        bias: ``(C_out,)`` or None.
+        stride, padding, dilation: ints or pairs ``(h, w)``; stride and dilation >= 1,
+            padding >= 0. ``H_out = (H + 2 padding[0] - dilation[0] (kh - 1) - 1) // stride[0] + 1``
+            and likewise ``W_out``; both must be positive.
+        mask: ``(B, offset_groups * kh * kw, H_out, W_out)`` or None (no modulation, DCNv1).
+        ``offset_groups = offset.shape[1] / (2 kh kw)`` must divide ``C_in``. Every tensor of one
+        floating dtype (float32, float16, bfloat16; float64 for gradcheck), on one device (CPU
+        or CUDA), any strides (channels_last included). 16-bit inputs compute and accumulate
+        in float32 and round once; float32 GEMMs follow torch's matmul precision settings.
+
+    Returns:
+        A new contiguous (NCHW) tensor ``(B, C_out, H_out, W_out)`` of ``input``'s dtype and
+        device, whatever ``input``'s memory format.
+
+    Raises:
+        RuntimeError: a non-floating dtype, mixed dtypes or devices; a tensor of the wrong
+            rank; ``C_in`` not a multiple of ``weight.shape[1]`` or of ``offset_groups``;
+            ``C_out`` not a multiple of ``groups``; ``offset.shape[1]`` not a positive multiple
+            of ``2 kh kw``; ``offset``'s or ``mask``'s batch, channels or spatial size not those
+            expected; ``bias`` not ``(C_out,)``; stride or dilation < 1, padding < 0; an output
+            size <= 0. The message names the argument and what was expected (the same under
+            torch.compile and torch.export).
+
+    Autograd: gradients w.r.t. ``input``, ``offset``, ``weight``, ``bias`` and ``mask``
+    (only those required are computed), by ``customops::deform_conv2d_backward``, which
+    recomputes the sampled columns from the saved inputs. The derivative in the offsets is
+    that of the bilinear formula, one-sided at integer sampling positions (as torchvision's).
+    Double backward is not implemented (it raises a RuntimeError saying so).
+    """
+    return torch.ops.customops.deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask)
+
+
+def _pair(v) -> List[int]:
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+def _check_pair(v, name, low, what):
+    torch._check(len(v) == 2, lambda: f"customops: expected {name} to be an int or a pair of ints, but got {list(v)}")
+    torch._check(v[0] >= low and v[1] >= low, lambda: f"customops: expected {name} to be {what}, but got {list(v)}")
+
+
+def _check_dims(t, name, n, what):
+    torch._check(
+        t.dim() == n, lambda: f"customops: expected {name} to be {n}-D ({what}), but got shape {list(t.shape)}"
+    )
+
+
+def _check_shape(t, name, shape, message):
+    torch._check(t.dim() == len(shape), message)
+    for a, b in zip(t.shape, shape):
+        torch._check(a == b, message)
+
+
+def _output_shape(input, offset, weight, bias, stride, padding, dilation, mask):
+    """The relations between the sizes that the output's shape rests on, in the order of the
+    C++ checks (csrc/ops/deform_conv2d/deform_conv2d.h), and the output's shape."""
+    stride, padding, dilation = _pair(stride), _pair(padding), _pair(dilation)
+    _check_pair(stride, "stride", 1, ">= 1")
+    _check_pair(padding, "padding", 0, ">= 0")
+    _check_pair(dilation, "dilation", 1, ">= 1")
+    _check_dims(input, "input", 4, "batch, in_channels, height, width")
+    _check_dims(weight, "weight", 4, "out_channels, in_channels / groups, kh, kw")
+    _check_dims(offset, "offset", 4, "batch, 2 * offset_groups * kh * kw, out_height, out_width")
+    batch, in_channels, height, width = input.shape
+    out_channels, per_group, kh, kw = weight.shape
+    torch._check(
+        per_group > 0,
+        lambda: (
+            f"customops: expected weight to have in_channels / groups, kh and kw of at least 1, but got shape "
+            f"{list(weight.shape)}"
+        ),
+    )
+    torch._check(
+        kh > 0,
+        lambda: (
+            f"customops: expected weight to have in_channels / groups, kh and kw of at least 1, but got shape "
+            f"{list(weight.shape)}"
+        ),
+    )
+    torch._check(
+        kw > 0,
+        lambda: (
+            f"customops: expected weight to have in_channels / groups, kh and kw of at least 1, but got shape "
+            f"{list(weight.shape)}"
+        ),
+    )
+
+    def channels_message():
+        return (
+            "customops: expected input.shape[1] (in_channels) to be a positive multiple of weight.shape[1] "
+            f"(in_channels / groups) = {per_group}, but got input of shape {list(input.shape)}"
+        )
+
+    torch._check(in_channels > 0, channels_message)
+    torch._check(in_channels % per_group == 0, channels_message)
+    groups = in_channels // per_group
+    torch._check(
+        out_channels % groups == 0,
+        lambda: (
+            f"customops: expected weight.shape[0] (out_channels) to be divisible by groups = {groups} "
+            f"(in_channels / weight.shape[1]), but got weight of shape {list(weight.shape)}"
+        ),
+    )
+    out_h = (height + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    out_w = (width + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+
+    def size_message():
+        kernel = [dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1]
+        return (
+            f"customops: expected input to be at least as large as the dilated kernel {kernel} after padding "
+            f"{list(padding)}, but got input of shape {list(input.shape)} (output size {[out_h, out_w]})"
+        )
+
+    torch._check(out_h > 0, size_message)
+    torch._check(out_w > 0, size_message)
+    taps2 = 2 * kh * kw
+
+    def offset_channels_message():
+        return (
+            "customops: expected offset to have 2 * offset_groups * kh * kw channels, a positive multiple of "
+            f"{taps2} (kh = {kh}, kw = {kw}), but got offset of shape {list(offset.shape)}"
+        )
+
+    torch._check(offset.shape[1] > 0, offset_channels_message)
+    torch._check(offset.shape[1] % taps2 == 0, offset_channels_message)
+    offset_groups = offset.shape[1] // taps2
+    torch._check(
+        in_channels % offset_groups == 0,
+        lambda: (
+            f"customops: expected input.shape[1] (in_channels) to be divisible by offset_groups = "
+            f"{offset_groups} (offset.shape[1] / (2 * kh * kw)), but got input of shape {list(input.shape)}"
+        ),
+    )
+    offset_shape = [batch, offset.shape[1], out_h, out_w]
+    _check_shape(
+        offset,
+        "offset",
+        offset_shape,
+        lambda: (
+            f"customops: expected offset to have shape {offset_shape} (batch, 2 * offset_groups * kh * kw, "
+            f"out_height, out_width), but got {list(offset.shape)}"
+        ),
+    )
+    if mask is not None:
+        mask_shape = [batch, offset_groups * kh * kw, out_h, out_w]
+        _check_shape(
+            mask,
+            "mask",
+            mask_shape,
+            lambda: (
+                f"customops: expected mask to have shape {mask_shape} (batch, offset_groups * kh * kw, "
+                f"out_height, out_width; offset_groups = {offset_groups}), but got {list(mask.shape)}"
+            ),
+        )
+    if bias is not None:
+        _check_shape(
+            bias,
+            "bias",
+            [out_channels],
+            lambda: (
+                f"customops: expected bias to have shape (out_channels,) = ({out_channels},), but got shape "
+                f"{list(bias.shape)}"
+            ),
+        )
+    return [batch, out_channels, out_h, out_w]
+
+
+@torch.library.register_fake("customops::deform_conv2d")
+def _deform_conv2d_fake(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
+    return input.new_empty(_output_shape(input, offset, weight, bias, stride, padding, dilation, mask))
+
+
+@torch.library.register_fake("customops::deform_conv2d_backward")
+def _deform_conv2d_backward_fake(grad_out, input, offset, weight, mask, stride, padding, dilation, output_mask):
+    shape = _output_shape(input, offset, weight, None, stride, padding, dilation, mask)
+    _check_shape(
+        grad_out,
+        "grad_out",
+        shape,
+        lambda: f"customops: expected grad_out to have the output's shape {shape}, but got {list(grad_out.shape)}",
+    )
+
+    def grad(wanted, like_shape):
+        return input.new_empty(like_shape) if wanted else input.new_empty(0)
+
+    return (
+        grad(output_mask[0], input.shape),
+        grad(output_mask[1], offset.shape),
+        grad(output_mask[2], weight.shape),
+        grad(output_mask[3], (weight.shape[0],)),
+        grad(output_mask[4] and mask is not None, mask.shape if mask is not None else (0,)),
+    )

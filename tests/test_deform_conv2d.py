@@ -1,0 +1,235 @@
+"""What the spec (customops/testing/op_specs.py) cannot say about deform_conv2d: semantics
+against torchvision's op and against conv2d, sizes large enough for several column chunks,
+the backward's determinism across thread counts, the gradients of each output_mask subset,
+no recompiles over batch and spatial sizes, the nn modules and the converter, and the ONNX
+graph's node."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import customops
+from customops.testing.op_specs import deform_conv2d_reference
+
+
+def _torchvision():
+    try:
+        import torchvision.ops
+
+        return torchvision.ops, None
+    except Exception as e:  # noqa: BLE001  (ImportError, or a RuntimeError from a torchvision built for another torch)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
+tvops, TV_MISSING = _torchvision()
+needs_torchvision = pytest.mark.skipif(
+    tvops is None,
+    reason=f"torchvision is not importable here ({TV_MISSING}); torchvision 0.29.1 loads with torch 2.14.1 only "
+    "(scripts/setup.sh installs it there)",
+)
+
+
+def _inputs(B=2, C=6, H=7, W=8, C_out=4, groups=2, og=3, k=(3, 3), stride=(1, 1), pad=(1, 1), dil=(1, 1),
+            mask=True, bias=True, dtype=torch.float64, scale=2.0, seed=0):  # fmt: skip
+    g = torch.Generator().manual_seed(seed)
+    kh, kw = k
+    H_out = (H + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    W_out = (W + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    t = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
+    return dict(
+        input=t(B, C, H, W),
+        offset=(t(B, 2 * og * kh * kw, H_out, W_out) * scale).to(dtype),
+        weight=t(C_out, C // groups, kh, kw),
+        bias=t(C_out) if bias else None,
+        stride=stride,
+        padding=pad,
+        dilation=dil,
+        mask=torch.rand(B, og * kh * kw, H_out, W_out, generator=g, dtype=torch.float64).to(dtype) if mask else None,
+    )
+
+
+CONFIGS = {
+    "dcnv2_groups_offset_groups": {},
+    "dcnv1_stride_dilation": dict(mask=False, stride=(2, 1), dil=(1, 2), pad=(2, 1), og=1, groups=1),
+    "depthwise": dict(C=6, C_out=6, groups=6, og=2),
+    "5x5_outside": dict(k=(5, 5), scale=5.0, og=1),
+}
+
+
+@needs_torchvision
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_matches_torchvision_forward_and_gradients(name):
+    kw = _inputs(**CONFIGS[name])
+    ours_in = {k: (v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    tv_in = {k: (v.clone().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    ours = customops.deform_conv2d(**ours_in)
+    theirs = tvops.deform_conv2d(**tv_in)
+    torch.testing.assert_close(ours, theirs, atol=1e-10, rtol=1e-10)
+    grad = torch.randn_like(ours)
+    ours.backward(grad)
+    theirs.backward(grad)
+    for key, v in ours_in.items():
+        if isinstance(v, torch.Tensor):
+            torch.testing.assert_close(v.grad, tv_in[key].grad, atol=1e-9, rtol=1e-9, msg=lambda m, k=key: f"{k}: {m}")
+
+
+@needs_torchvision
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_torchvision_at_a_network_size(dtype):
+    kw = _inputs(B=2, C=32, H=24, W=20, C_out=16, groups=1, og=1, dtype=dtype)
+    ours = customops.deform_conv2d(**kw).double()
+    theirs = tvops.deform_conv2d(**{k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(ours, theirs.double(), atol=tol * 10, rtol=tol)
+
+
+@needs_torchvision
+def test_module_has_torchvisions_state_dict_and_converts():
+    torch.manual_seed(0)
+    tv = tvops.DeformConv2d(6, 4, 3, stride=1, padding=1, groups=2)
+    ours = customops.nn.DeformConv2d(6, 4, 3, stride=1, padding=1, groups=2)
+    assert list(ours.state_dict()) == list(tv.state_dict())
+    ours.load_state_dict(tv.state_dict())
+    kw = _inputs(C=6, C_out=4, groups=2, og=1, dtype=torch.float32)
+    torch.testing.assert_close(ours(kw["input"], kw["offset"], kw["mask"]), tv(kw["input"], kw["offset"], kw["mask"]))
+    model = torch.nn.Sequential(tvops.DeformConv2d(6, 4, 3, padding=1, groups=2))
+    weight = model[0].weight
+    assert customops.nn.replace_torchvision_deform_conv2d(model) == 1
+    assert type(model[0]) is customops.nn.DeformConv2d and model[0].weight is weight
+
+
+def test_zero_offsets_without_mask_are_conv2d():
+    for groups, stride, dil, pad in [(1, (1, 1), (1, 1), (1, 1)), (2, (2, 1), (1, 2), (0, 2))]:
+        kw = _inputs(groups=groups, og=3, mask=False, stride=stride, dil=dil, pad=pad)
+        kw["offset"].zero_()
+        expected = F.conv2d(kw["input"], kw["weight"], kw["bias"], stride, pad, dil, groups)
+        torch.testing.assert_close(customops.deform_conv2d(**kw), expected, atol=1e-12, rtol=1e-12)
+
+
+def test_integer_offsets_shift_the_image():
+    # Every tap moved one row down and two columns left: output (oy, ox) reads input pixels
+    # (oy + i, ox + j - 3) for taps (i, j) (padding 1), zero outside: a valid conv2d over a
+    # canvas holding the input at that shift.
+    kw = _inputs(og=1, mask=False, dtype=torch.float32)
+    B, C, H, W = kw["input"].shape
+    off = kw["offset"].view(B, 1, 9, 2, H, W)
+    off[:, :, :, 0], off[:, :, :, 1] = 1.0, -2.0
+    canvas = torch.zeros(B, C, H + 2, W + 2)
+    canvas[:, :, :H, 3:] = kw["input"][:, :, :, : W - 1]
+    expected = F.conv2d(canvas, kw["weight"], kw["bias"], 1, 0, 1, 2)
+    torch.testing.assert_close(customops.deform_conv2d(**kw), expected)
+
+
+def test_points_outside_the_image_sample_zero_and_nothing_leaks_from_other_pixels():
+    kw = _inputs(og=1, dtype=torch.float32)
+    kw["offset"].fill_(100.0)
+    kw["input"][:, :, 0, 0] = float("inf")  # never read: every point is outside
+    out = customops.deform_conv2d(**kw)
+    torch.testing.assert_close(out, kw["bias"].view(1, -1, 1, 1).expand_as(out))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_several_column_chunks_and_layouts(dtype):
+    # 64 channels x 9 taps x 4 bytes per pixel: a 72x72 image needs two 8 MB column chunks.
+    kw = _inputs(B=1, C=64, H=72, W=72, C_out=8, groups=1, og=2, dtype=dtype)
+    out = customops.deform_conv2d(**kw)
+    ref = deform_conv2d_reference(**{k: (v.double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+    tol = dict(atol=1e-3, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=1.6e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    kw_cl = dict(kw, input=kw["input"].to(memory_format=torch.channels_last))
+    out_cl = customops.deform_conv2d(**kw_cl)
+    assert out_cl.is_contiguous()
+    torch.testing.assert_close(out_cl, out, atol=0, rtol=0)
+
+
+def _backward(kw, grad_out, output_mask):
+    return torch.ops.customops.deform_conv2d_backward(
+        grad_out, kw["input"], kw["offset"], kw["weight"], kw["mask"], kw["stride"], kw["padding"], kw["dilation"],
+        output_mask,
+    )  # fmt: skip
+
+
+def test_each_output_mask_subset_gives_the_same_gradients():
+    kw = _inputs(dtype=torch.float64)
+    grad_out = torch.randn(2, 4, 7, 8, dtype=torch.float64)
+    full = _backward(kw, grad_out, [True] * 5)
+    for i in range(5):
+        only = _backward(kw, grad_out, [j == i for j in range(5)])
+        torch.testing.assert_close(only[i], full[i], atol=0, rtol=0)
+        assert all(only[j].numel() == 0 for j in range(5) if j != i)
+
+
+def test_backward_is_the_same_for_any_number_of_threads():
+    kw = _inputs(B=1, C=16, H=20, W=20, C_out=8, groups=1, og=2, dtype=torch.float32)
+    grad_out = torch.randn(1, 8, 20, 20)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _backward(kw, grad_out, [True] * 5)
+        torch.set_num_threads(2)
+        two = _backward(kw, grad_out, [True] * 5)
+    finally:
+        torch.set_num_threads(threads)
+    for i in (0, 1, 4):  # input (col2im: each thread owns its channels), offset and mask
+        torch.testing.assert_close(one[i], two[i], atol=0, rtol=0)
+
+
+def test_double_backward_raises():
+    kw = _inputs(dtype=torch.float64)
+    x = kw["input"].requires_grad_()
+    (g,) = torch.autograd.grad(customops.deform_conv2d(**kw).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="deform_conv2d supports first-order gradients only"):
+        g.sum().backward()
+
+
+def test_compile_over_batch_and_spatial_sizes_does_not_recompile():
+    torch._dynamo.reset()
+    fn = torch.compile(customops.deform_conv2d, fullgraph=True, dynamic=True)
+    fn(**_inputs(B=2, H=7, W=8, dtype=torch.float32))
+    # Sizes >= 2: dynamo specializes sizes 0 and 1 for every op (torch._dynamo.mark_unbacked
+    # avoids that).
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for B, H, W in [(3, 9, 6), (4, 12, 12), (5, 6, 10)]:
+            kw = _inputs(B=B, H=H, W=W, dtype=torch.float32, seed=B)
+            torch.testing.assert_close(fn(**kw), customops.deform_conv2d(**kw))
+    torch._dynamo.reset()
+
+
+def test_modulated_module_starts_as_a_plain_convolution():
+    torch.manual_seed(0)
+    m = customops.nn.ModulatedDeformConv2d(6, 4, 3, padding=1, groups=2, offset_groups=3)
+    assert m.conv_offset.out_channels == 3 * 3 * 9
+    x = torch.randn(2, 6, 7, 8)
+    expected = 0.5 * F.conv2d(x, m.weight, None, 1, 1, 1, 2) + m.bias.view(1, -1, 1, 1)
+    torch.testing.assert_close(m(x), expected)
+    m(x).sum().backward()
+    assert m.conv_offset.weight.grad is not None and m.conv_offset.weight.grad.abs().sum() > 0
+    scripted = torch.jit.script(m)
+    torch.testing.assert_close(scripted(x), m(x))
+
+
+def test_onnx_graph_is_one_deformconv():
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from customops.export.onnx_translation import ONNX_OPSET, ONNX_TRANSLATION_TABLE
+
+    torch.manual_seed(0)
+    model = customops.nn.ModulatedDeformConv2d(4, 3, 3, padding=1, offset_groups=2).eval()
+    with torch.no_grad():
+        model.conv_offset.weight.normal_(0, 0.3)  # offsets and mask that are not the plain grid
+    x = torch.randn(1, 4, 9, 10)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.onnx")
+        torch.onnx.export(
+            model, (x,), path, dynamo=True, custom_translation_table=ONNX_TRANSLATION_TABLE, opset_version=ONNX_OPSET
+        )
+        proto = onnx.load(path)
+        assert [n.op_type for n in proto.graph.node].count("DeformConv") == 1
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(out), model(x), atol=1e-5, rtol=1e-5)
