@@ -1,6 +1,7 @@
 // Argument checks shared by every op's CPU and CUDA kernels, so that a user
-// error reads the same on every backend. The fake kernels in customops/ops/
-// raise the same messages (tests/test_errors.py keeps them in step).
+// error reads the same on every backend. The fake kernels in customops/ops/ check
+// only the shape relations their outputs rest on; the specs' error inputs
+// (customops/testing/op_specs.py, the conformance path "errors") check both.
 #pragma once
 
 #include <ATen/ATen.h>
