@@ -27,6 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import customops  # noqa: E402
 
+# float32 with TF32 allowed for matmuls (torch.backends.cuda.matmul.allow_tf32), which
+# torchvision's GEMM and ours then use; plain float32 rows run IEEE float32 matmuls.
+TF32 = "float32, TF32"
+
 # (B, C_in, H, W, C_out, groups, offset_groups, dtype, channels_last)
 CPU_SHAPES = [
     (1, 64, 64, 64, 64, 1, 1, torch.float32, False),
@@ -34,9 +38,13 @@ CPU_SHAPES = [
 ]
 CUDA_SHAPES = [
     (8, 256, 64, 64, 256, 1, 1, torch.float32, False),
+    (8, 256, 64, 64, 256, 1, 1, TF32, False),
     (8, 256, 64, 64, 256, 1, 1, torch.float16, False),
+    (8, 256, 64, 64, 256, 1, 1, torch.bfloat16, False),
     (2, 64, 256, 256, 64, 1, 1, torch.float32, False),
+    (2, 64, 256, 256, 64, 1, 1, TF32, False),
     (16, 512, 32, 32, 512, 1, 1, torch.float32, False),
+    (16, 512, 32, 32, 512, 1, 1, TF32, False),
     (8, 256, 64, 64, 256, 1, 1, torch.float16, True),
     (8, 256, 64, 64, 256, 1, 4, torch.float16, False),
     (8, 256, 64, 64, 256, 256, 1, torch.float32, False),
@@ -67,6 +75,7 @@ def torchvision_deform_conv2d():
 
 def make_inputs(shape, device, requires_grad):
     B, C, H, W, C_out, groups, og, dtype, channels_last = shape
+    dtype = torch.float32 if dtype == TF32 else dtype
     g = torch.Generator().manual_seed(0)
 
     def t(*s, scale=1.0, uniform=False):
@@ -88,7 +97,7 @@ def make_inputs(shape, device, requires_grad):
 def work(shape):
     """(GEMM FLOPs, gather FLOPs, minimum bytes) of one forward."""
     B, C, H, W, C_out, groups, og, dtype, _ = shape
-    size = torch.empty((), dtype=dtype).element_size()
+    size = torch.empty((), dtype=torch.float32 if dtype == TF32 else dtype).element_size()
     samples = B * C * 9 * H * W
     gemm = 2 * B * C_out * H * W * (C // groups) * 9
     gather = 8 * samples
@@ -131,6 +140,7 @@ def fwd_bwd(call, inputs):
 
 def bench_shape(shape, device, measure, tv, rounds):
     B, C, H, W, C_out, groups, og, dtype, _ = shape
+    torch.backends.cuda.matmul.allow_tf32 = dtype == TF32
     row = {}
     for mode in ("fwd", "fwd+bwd"):
         rg = mode == "fwd+bwd"
@@ -159,13 +169,19 @@ def bench_shape(shape, device, measure, tv, rounds):
                     fn()
                     torch.cuda.synchronize()
                     row[f"{name} {mode} extra peak (MB)"] = (torch.cuda.max_memory_allocated() - base) / 2**20
-    # Agreement with torchvision on this shape (float32 and 16-bit: relative error of the output).
-    if tv is not None:
-        with torch.no_grad():
-            i = make_inputs(shape, device, False)
-            args = (i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"])
-            ours, theirs = customops.deform_conv2d(*args).double(), tv(*args).double()
-            row["rel. diff. to torchvision"] = ((ours - theirs).norm() / theirs.norm()).item()
+    # Relative error of the output against float64 (customops' float64 kernel, checked against
+    # the reference in tests/) on the same inputs, for both implementations.
+    with torch.no_grad():
+        i = make_inputs(shape, device, False)
+        args = (i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"])
+        ref = customops.deform_conv2d(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
+        impls = (
+            {"customops": customops.deform_conv2d, "torchvision": tv}
+            if tv is not None
+            else {"customops": customops.deform_conv2d}
+        )
+        for name, fn in impls.items():
+            row[f"{name} rel. err."] = ((fn(*args).double() - ref).norm() / ref.norm()).item()
     return row
 
 
@@ -173,7 +189,11 @@ def write_markdown(path, title, header, rows, tail=""):
     def cell(key, v):
         if not isinstance(v, float):
             return str(v)
-        return f"{v:.0f}" if key.endswith("(us)") else f"{v:.2f}" if key.startswith(("torch", "custom")) else f"{v:.3g}"
+        if key.endswith("(us)"):
+            return f"{v:.0f}"
+        if key.endswith("rel. err."):
+            return f"{v:.1e}"
+        return f"{v:.2f}" if key.startswith(("torch", "custom")) else f"{v:.3g}"
 
     keys = list(rows[0])
     with open(path, "w") as f:
@@ -185,13 +205,63 @@ def write_markdown(path, title, header, rows, tail=""):
             f.write(f"\n{tail}\n")
 
 
+def plot(rows, path, title):
+    """Speed-up over torchvision (forward, forward + backward) and the ratio to the dense
+    conv2d, per row, as grouped bars on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['shape']}\n{r['dtype']}" for r in rows]
+    series = [
+        ("torchvision / customops fwd", "torchvision / ours, forward"),
+        ("torchvision / customops fwd+bwd", "torchvision / ours, fwd+bwd"),
+        ("customops / conv2d fwd", "ours / dense conv2d, forward"),
+        ("customops / conv2d fwd+bwd", "ours / dense conv2d, fwd+bwd"),
+    ]
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(rows)), 5))
+    width = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        xs = [j + (i - 1.5) * width for j in range(len(rows))]
+        ax.bar(xs, [r.get(key, float("nan")) for r in rows], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=6, rotation=30, ha="right")
+    ax.set_ylabel("ratio of times (log)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_results(stem, header, rows, device, machine, tail=""):
+    with open(stem + ".json", "w") as f:
+        json.dump({"header": header, "rows": rows}, f, indent=1)
+    title = f"deform_conv2d on {'the CPU' if device == 'cpu' else machine}"
+    write_markdown(stem + ".md", title, header, rows, tail)
+    if device != "cpu":
+        plot(rows, stem + ".png", title)
+    print(f"wrote {stem}.md, .json" + ("" if device == "cpu" else " and .png"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--rounds", type=int, default=5, help="passes over the implementations (median)")
-    parser.add_argument("--out", help="folder for the .md and .json results")
+    parser.add_argument("--out", help="folder for the .md and .json results (and, for CUDA, a .png plot)")
+    parser.add_argument("--from-json", help="rewrite the .md and .png of a saved .json (no timing)")
     args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        stem = args.from_json[: -len(".json")]
+        machine = saved["header"].split(",")[0]
+        write_results(stem, saved["header"], saved["rows"], "cpu" if "cores" in machine else "cuda", machine)
+        return
     device = args.device
     if device == "cpu":
         torch.set_num_threads(args.threads)
@@ -212,8 +282,9 @@ def main():
         B, C, H, W, C_out, groups, og, dtype, cl = shape
         name = f"{B}x{C}x{H}x{W} -> {C_out}" + (f", groups {groups}" if groups > 1 else "")
         name += (f", offset_groups {og}" if og > 1 else "") + (", channels_last" if cl else "")
-        row = {"shape": name, "dtype": str(dtype).replace("torch.", "")}
-        row.update(bench_shape(shape, device, measure, tv, args.rounds))
+        row = {"shape": name, "dtype": dtype if dtype == TF32 else str(dtype).replace("torch.", "")}
+        # torchvision has no bfloat16 kernels ("deformable_im2col" not implemented for 'BFloat16').
+        row.update(bench_shape(shape, device, measure, None if dtype == torch.bfloat16 else tv, args.rounds))
         gemm, gather, bytes_ = work(shape)
         row["GEMM GFLOP"] = gemm / 1e9
         row["gather GFLOP"] = gather / 1e9
@@ -229,19 +300,13 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         tag = "cpu" if device == "cpu" else torch.cuda.get_device_name().replace(" ", "_")
         stem = os.path.join(args.out, f"deform_conv2d_{tag}_{datetime.date.today().isoformat()}")
-        with open(stem + ".json", "w") as f:
-            json.dump({"header": header, "rows": rows}, f, indent=1)
         tail = ""
         if device == "cpu":
             tail = (
                 f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared machine: ratios, measured in one "
                 "interleaved run, are more telling than absolute times)."
             )
-        write_markdown(
-            stem + ".md", f"deform_conv2d on {'the CPU' if device == 'cpu' else machine}", header, rows, tail
-        )
-        print(f"wrote {stem}.md and .json")
-
+        write_results(stem, header, rows, device, machine, tail)
 
 if __name__ == "__main__":
     main()

@@ -233,3 +233,124 @@ def test_onnx_graph_is_one_deformconv():
         (out,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(out), model(x), atol=1e-5, rtol=1e-5)
+
+
+# --- CUDA: against the CPU kernel in float64 and torchvision's CUDA op ----------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cuda_vs_cpu(kw, dtype, fwd_tol, grad_tol):
+    """Forward and all five gradients on CUDA in ``dtype`` against the CPU kernel in float64
+    (itself checked against the reference and torchvision above) on the same values (the
+    inputs and grad_out rounded to ``dtype``: a rounded offset that crosses a pixel line
+    changes its gradient by a step); relative errors in norm."""
+
+    def leaf(v, **to):
+        return v.detach().to(**to).clone().requires_grad_() if isinstance(v, torch.Tensor) else v
+
+    kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    cpu = {k: leaf(v, dtype=torch.float64) for k, v in kw.items()}
+    gpu = {k: leaf(v, device="cuda", dtype=dtype) for k, v in kw.items()}
+    ref = customops.deform_conv2d(**cpu)
+    out = customops.deform_conv2d(**gpu)
+    assert out.dtype == dtype and out.is_contiguous() and out.shape == ref.shape
+
+    def rel(a, b):
+        return ((a.detach().double().cpu() - b.detach()).norm() / b.detach().norm().clamp_min(1e-30)).item()
+
+    assert rel(out, ref) < fwd_tol
+    grad = torch.randn(ref.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(dtype)
+    ref.backward(grad.double())
+    out.backward(grad.cuda())
+    for key, v in gpu.items():
+        if isinstance(v, torch.Tensor):
+            assert v.grad.dtype == dtype, key
+            assert rel(v.grad, cpu[key].grad) < grad_tol, (key, rel(v.grad, cpu[key].grad))
+
+
+CUDA_TOL = {torch.float64: (1e-12, 1e-11), torch.float32: (1e-5, 1e-4), torch.float16: (2e-3, 5e-3),
+            torch.bfloat16: (1.5e-2, 3e-2)}  # fmt: skip
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", list(CUDA_TOL))
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cuda_matches_cpu(name, dtype):
+    _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
+
+
+# Sizes past one 24 MB chunk: several whole images per chunk, several chunks of one image's
+# pixels (one group, and two groups), depthwise, channels_last input.
+CUDA_CHUNK_CONFIGS = {
+    "images_per_chunk": dict(B=9, C=32, H=40, W=40, C_out=24, groups=1, og=2),
+    "pixels_per_chunk": dict(B=2, C=256, H=64, W=64, C_out=16, groups=1, og=1),
+    "groups_pixels_per_chunk": dict(B=1, C=512, H=48, W=48, C_out=8, groups=2, og=4),
+    "depthwise_8_per_thread": dict(B=2, C=24, H=33, W=31, C_out=24, groups=24, og=3),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", list(CUDA_CHUNK_CONFIGS))
+def test_cuda_chunks_match_cpu(name, dtype):
+    _cuda_vs_cpu(_inputs(**CUDA_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
+
+
+@needs_cuda
+def test_cuda_channels_last_and_strided_inputs_give_the_same_result():
+    kw = {k: (v.cuda().float() if isinstance(v, torch.Tensor) else v) for k, v in _inputs(B=2, C=16, H=12, W=10,
+          C_out=8, groups=1, og=2).items()}  # fmt: skip
+    out = customops.deform_conv2d(**kw)
+    cl = dict(kw, input=kw["input"].to(memory_format=torch.channels_last))
+    strided = dict(kw, offset=kw["offset"].transpose(2, 3).contiguous().transpose(2, 3))
+    for other in (cl, strided):
+        res = customops.deform_conv2d(**other)
+        assert res.is_contiguous()
+        torch.testing.assert_close(res, out, atol=0, rtol=0)
+
+
+@needs_cuda
+@needs_torchvision
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_matches_torchvision_at_a_network_size(dtype):
+    kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _inputs(B=2, C=64, H=24, W=20, C_out=32,
+          groups=1, og=1, dtype=dtype).items()}  # fmt: skip
+    ours = customops.deform_conv2d(**kw).double()
+    theirs = tvops.deform_conv2d(**{k: (v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
+    rel = ((ours - theirs.double()).norm() / theirs.double().norm()).item()
+    assert rel < (1e-5 if dtype == torch.float32 else 2e-3), rel
+
+
+@needs_cuda
+def test_cuda_64_bit_indexing():
+    # input.numel() > 2**31 (fp16, 4.4 GB): the last channels' samples sit past int32 offsets.
+    # The output is linear in the channels, so it equals the sum of the two halves' outputs,
+    # each under 2**31 elements; so are the gradients of each half's input.
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs a GPU with 40 GB of memory")
+    B, C, H, W = 1, 2048, 1024, 1040
+    assert B * C * H * W > 2**31
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(B, C, H, W, device="cuda", dtype=torch.float16, generator=g)
+    w = torch.randn(3, C, 1, 1, device="cuda", dtype=torch.float16, generator=g) / C**0.5
+    H_out, W_out = (H - 1) // 64 + 1, (W - 1) // 64 + 1
+    off = torch.randn(B, 2, H_out, W_out, device="cuda", dtype=torch.float16, generator=g) * 4
+    mask = torch.rand(B, 1, H_out, W_out, device="cuda", dtype=torch.float16, generator=g)
+    args = dict(stride=64, padding=0, dilation=1)
+    xr = x.requires_grad_()
+    out = customops.deform_conv2d(xr, off, w, mask=mask, **args)
+    grad = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, xr, grad)
+    half = C // 2
+    for sl in (slice(0, half), slice(half, C)):
+        xs = x.detach()[:, sl].contiguous().requires_grad_()
+        part = customops.deform_conv2d(xs, off, w[:, sl].contiguous(), mask=mask, **args)
+        (gxs,) = torch.autograd.grad(part, xs, grad)
+        torch.testing.assert_close(gx[:, sl], gxs, atol=1e-3, rtol=1e-3)
+        del xs, gxs
+        if sl.start == 0:
+            total = part.float()
+        else:
+            total += part.float()
+    torch.testing.assert_close(out.float(), total, atol=2e-2, rtol=2e-2)

@@ -92,6 +92,8 @@ class OpSpec:
     dtypes / cuda_dtypes: the dtypes the op supports on the CPU / on CUDA (None: ``dtypes``).
     tol: per-dtype ``dict(atol=, rtol=)`` overriding :data:`DEFAULT_TOL`.
     supports_gradgrad: run gradgradcheck too (the backward is differentiable).
+    gradcheck_nondet_tol: gradcheck's ``nondet_tol``: how far two backward passes on the same
+        inputs may differ (float64 atomics add in a varying order; 0 for deterministic ops).
     error_inputs: ``device -> iterable of ErrorInput``: bad dtypes, shapes, devices (on
         ``"cuda"``, a CPU tensor among CUDA ones) and values.
     cuda_kernels: ``{kernel name: sample name}``: each CUDA kernel of the op (the name its
@@ -107,6 +109,7 @@ class OpSpec:
     cuda_dtypes: Optional[Tuple[torch.dtype, ...]] = None
     tol: Dict[torch.dtype, Dict[str, float]] = dataclasses.field(default_factory=dict)
     supports_gradgrad: bool = True
+    gradcheck_nondet_tol: float = 0.0
     error_inputs: Callable[[str], Iterable[ErrorInput]] = lambda device: ()
     cuda_kernels: Dict[str, str] = dataclasses.field(default_factory=dict)
     unsupported: Dict[str, str] = dataclasses.field(default_factory=dict)

@@ -1,20 +1,36 @@
-// deform_conv2d and its backward, CUDA kernels: a straightforward first version, the same
-// structure as the CPU kernels with an NCHW column buffer. Formula: deform_conv2d.h.
-//   forward, per image and chunk of output pixels: deform_conv2d_im2col_kernel (one thread
-//     per column element) writes (in_channels * kh * kw, pixels) columns, then one at::mm
-//     per group (cuBLAS, on the current stream; float32 follows torch's matmul precision).
-//   backward: grad_weight += grad_out x columns^T (GEMM, columns recomputed); grad columns
-//     = weight^T x grad_out (GEMM); deform_conv2d_col2im_kernel scatters them into
-//     grad_input with atomics (not deterministic in the last bits); and
-//     deform_conv2d_coord_kernel (one thread per pixel, offset group and tap) reduces over
-//     the offset group's channels for grad_offset and grad_mask.
-// 16-bit inputs are converted to float32 and computed in float32, float64 in float64.
+// deform_conv2d and its backward, CUDA kernels. Formula: deform_conv2d.h.
+//
+// The kernels read the input channels-last (a copy per chunk of images, none for a
+// channels_last input), so that the four neighbours of a sampling point are four runs of
+// contiguous channels, read in 16-byte vectors; the sampling point is computed once per run.
+// The work goes in chunks of whole images (or runs of one image's pixels) whose column
+// buffer, channels-last images and grad_input accumulator stay within kChunkBudget bytes:
+// the extra memory of a call is bounded whatever the batch and image size.
+//   forward: deform_conv2d_im2col_kernel fills the columns, (pixels, groups, kh * kw,
+//     in_channels / groups) in the input's dtype, then cuBLAS multiplies them with the
+//     weight (at::bmm over the chunk's images, or over the groups) straight into the NCHW
+//     output. float32 follows torch's matmul precision (TF32 where allowed); 16-bit GEMMs
+//     accumulate in float32. Depthwise (one input and one output channel per group):
+//     deform_conv2d_depthwise_kernel computes the output directly, with no columns.
+//   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
+//     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
+//     deform_conv2d_col2im_kernel adds them into a channels-last float32 (float64)
+//     grad_input accumulator with vector atomics, and reduces the dot products of
+//     grad_offset and grad_mask over the channels of each sampling point by warp shuffles
+//     (partial sums added atomically). Atomics make the last bits order-dependent.
+// Sampling is computed in opmath (float for 16-bit inputs, double for float64).
 // Every launch is on the current stream, after the checks and a device guard, with 64-bit
 // indices, and is followed by CUSTOMOPS_CUDA_LAUNCH_CHECK; empty work launches nothing.
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
+#include <numeric>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
@@ -24,159 +40,477 @@
 namespace customops {
 namespace {
 
-// Column buffer bytes per chunk.
-constexpr int64_t kColumnBudget = 256ll << 20;
+// Bytes per chunk of the column buffer plus the chunk's channels-last copy of the input and
+// its grad_input accumulator: with whole images per chunk, one image of a segmentation layer
+// (256 channels, 64 x 64, float32) is a single GEMM, and the extra memory stays a fraction of
+// what torchvision's fixed 32-image chunks take.
+constexpr int64_t kChunkBudget = 48ll << 20;
 
-// col[(c * taps + k) * n + r] = mask * bilinear(x[c], tap k of pixel p0 + r).
-template <typename T>
-__global__ void deform_conv2d_im2col_kernel(
-    const T* __restrict__ x, const T* __restrict__ off, const T* __restrict__ msk, DeformConv2dGeometry g, int64_t p0,
-    int64_t n, T* __restrict__ col) {
-  const int64_t total = g.in_channels * g.taps() * n;
-  const int64_t plane = g.height * g.width;
-  const int64_t cog = g.in_per_offset_group();
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx % n, t = idx / n;
-    const int64_t k = t % g.taps(), c = t / g.taps();
-    T m;
-    const BilinearTap<T> tap = deform_conv2d_tap(g, off, msk, p0 + r, c / cog, k, &m);
-    const T* src = x + c * plane;
-    T v = 0;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (tap.idx[q] >= 0) v += tap.w[q] * src[tap.idx[q]];
-    }
-    col[idx] = m * v;
-  }
+C10_HOST_DEVICE inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
 }
 
-// gx[c] += the transpose of im2col applied to the grad columns.
-template <typename T>
-__global__ void deform_conv2d_col2im_kernel(
-    const T* __restrict__ gcol, const T* __restrict__ off, const T* __restrict__ msk, DeformConv2dGeometry g,
-    int64_t p0, int64_t n, T* __restrict__ gx) {
-  const int64_t total = g.in_channels * g.taps() * n;
-  const int64_t plane = g.height * g.width;
-  const int64_t cog = g.in_per_offset_group();
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx % n, t = idx / n;
-    const int64_t k = t % g.taps(), c = t / g.taps();
-    T m;
-    const BilinearTap<T> tap = deform_conv2d_tap(g, off, msk, p0 + r, c / cog, k, &m);
-    if (!tap.inside) continue;
-    const T v = m * gcol[idx];
-    T* dst = gx + c * plane;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (tap.idx[q] >= 0) atomicAdd(dst + tap.idx[q], tap.w[q] * v);
-    }
-  }
-}
-
-// grad_offset and grad_mask of pixel p0 + r, offset group og and tap k: one thread each.
-template <typename T>
-__global__ void deform_conv2d_coord_kernel(
-    const T* __restrict__ gcol, const T* __restrict__ x, const T* __restrict__ off, const T* __restrict__ msk,
-    DeformConv2dGeometry g, int64_t p0, int64_t n, T* __restrict__ goff, T* __restrict__ gmask) {
-  const int64_t total = g.offset_groups * g.taps() * n;
-  const int64_t plane = g.height * g.width;
-  const int64_t cog = g.in_per_offset_group();
+// The sampling point of output pixel (oy, ox) = p, offset group og and tap (i, j) (ok =
+// og * kh * kw + k) of one image, in opmath A: deform_conv2d_tap_at with T -> A conversions.
+template <typename T, typename A>
+__device__ __forceinline__ BilinearTap<A> sample_at(
+    const DeformConv2dGeometry& g, const T* off, const T* msk, int64_t oy, int64_t ox, int64_t p, int64_t i, int64_t j,
+    int64_t ok, A* m) {
   const int64_t P = g.out_pixels();
+  const A y = static_cast<A>(oy * g.stride_h - g.pad_h + i * g.dil_h) + static_cast<A>(off[(2 * ok) * P + p]);
+  const A x = static_cast<A>(ox * g.stride_w - g.pad_w + j * g.dil_w) + static_cast<A>(off[(2 * ok + 1) * P + p]);
+  *m = msk ? static_cast<A>(msk[ok * P + p]) : A(1);
+  return bilinear_tap<A>(y, x, g.height, g.width);
+}
+
+// One chunk: images b0 .. b0 + nb - 1, pixels p0 .. p0 + n - 1 of each (n = out_pixels when
+// nb > 1). Row r of the chunk's columns is image b0 + r / n, pixel p0 + r % n.
+struct Chunk {
+  int64_t b0, nb, p0, n;
+  C10_HOST_DEVICE int64_t rows() const {
+    return nb * n;
+  }
+};
+
+// The column kernels' layout. Columns: (rows, groups, kh * kw, in_channels / groups), so the
+// channels of one sample are contiguous, like the channels-last input they are read from.
+// A work item is V channels of one (row, group, tap), channels fastest; with one channel per
+// group (depthwise) the groups are fastest instead, so that a warp still reads adjacent
+// channels.
+struct ColumnLayout {
+  DeformConv2dGeometry g;
+  Chunk ch;
+  int64_t vecs;      // V-channel vectors per (row, group, tap)
+  bool one_channel;  // in_channels / groups == 1
+  int width;         // adjacent items sharing (row, tap, offset group): a power of two <= 32
+};
+
+struct ColumnItem {
+  int64_t col;   // offset of the item's first value in the chunk's columns
+  int64_t b, bl, p, k, c, og;
+};
+
+template <int V>
+__device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t idx) {
+  const DeformConv2dGeometry& g = L.g;
+  const int64_t taps = g.taps();
+  ColumnItem it;
+  int64_t r, gi, v = 0;
+  if (L.one_channel) {
+    gi = idx % g.groups;
+    const int64_t t = idx / g.groups;
+    it.k = t % taps;
+    r = t / taps;
+    it.col = (r * g.groups + gi) * taps + it.k;
+  } else {
+    v = idx % L.vecs;
+    int64_t t = idx / L.vecs;
+    it.k = t % taps;
+    t /= taps;
+    gi = t % g.groups;
+    r = t / g.groups;
+    it.col = idx * V;
+  }
+  it.bl = r / L.ch.n;
+  it.p = L.ch.p0 + r - it.bl * L.ch.n;
+  it.b = L.ch.b0 + it.bl;
+  it.c = gi * g.in_per_group() + v * V;
+  it.og = it.c / g.in_per_offset_group();
+  return it;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ BilinearTap<A> item_tap(
+    const ColumnLayout& L, const ColumnItem& it, const T* off, const T* msk, A* m) {
+  const DeformConv2dGeometry& g = L.g;
+  const int64_t taps = g.taps(), P = g.out_pixels();
+  const int64_t oy = it.p / g.out_w, i = it.k / g.kw;
+  return sample_at<T, A>(
+      g, off + it.b * g.offset_groups * taps * 2 * P, msk ? msk + it.b * g.offset_groups * taps * P : nullptr, oy,
+      it.p - oy * g.out_w, it.p, i, it.k - i * g.kw, it.og * taps + it.k, m);
+}
+
+// Channels per load or store: V channels per work item move in loads of at most 16 bytes.
+template <typename T, int V>
+constexpr int sub_vec() {
+  return V < 16 / static_cast<int>(sizeof(T)) ? V : 16 / static_cast<int>(sizeof(T));
+}
+
+// a[j] = src[j], j < V, in opmath.
+template <typename T, typename A, int V>
+__device__ __forceinline__ void load_vec(const T* src, A (&a)[V]) {
+  constexpr int S = sub_vec<T, V>();
+#pragma unroll
+  for (int u = 0; u < V; u += S) {
+    const auto val = *reinterpret_cast<const cuda::AlignedVec<T, S>*>(src + u);
+#pragma unroll
+    for (int j = 0; j < S; ++j) a[u + j] = static_cast<A>(val.v[j]);
+  }
+}
+
+template <typename T, typename A, int V>
+__device__ __forceinline__ void store_vec(T* dst, const A (&a)[V]) {
+  constexpr int S = sub_vec<T, V>();
+#pragma unroll
+  for (int u = 0; u < V; u += S) {
+    cuda::AlignedVec<T, S> val;
+#pragma unroll
+    for (int j = 0; j < S; ++j) val.v[j] = static_cast<T>(a[u + j]);
+    *reinterpret_cast<cuda::AlignedVec<T, S>*>(dst + u) = val;
+  }
+}
+
+// s[j] = bilinear(channel c + j) at tap, from a channels-last image (pixel stride C).
+template <typename T, typename A, int V>
+__device__ __forceinline__ void gather(const T* img, int64_t C, const BilinearTap<A>& tap, A (&s)[V]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) s[j] = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if (tap.idx[q] >= 0) {
+      A val[V];
+      load_vec<T, A, V>(img + tap.idx[q] * C, val);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[j] += tap.w[q] * val[j];
+    }
+  }
+}
+
+// dst[j] += v[j], j < V: 16-byte vector atomics where the GPU has them (sm_90 and later).
+template <typename A, int V>
+__device__ __forceinline__ void atomic_add_vec(A* dst, const A (&v)[V]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr bool kFloat4 = std::is_same<A, float>::value && V % 4 == 0;
+  constexpr bool kFloat2 = std::is_same<A, float>::value && V % 2 == 0;
+#else
+  constexpr bool kFloat4 = false, kFloat2 = false;
+#endif
+  if constexpr (kFloat4) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      atomicAdd(reinterpret_cast<float4*>(dst + j), make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]));
+    }
+  } else if constexpr (kFloat2) {
+#pragma unroll
+    for (int j = 0; j < V; j += 2) atomicAdd(reinterpret_cast<float2*>(dst + j), make_float2(v[j], v[j + 1]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) atomicAdd(dst + j, v[j]);
+  }
+}
+
+// Columns of the chunk: col[item] = mask * bilinear(x, the item's tap), V channels per item.
+// xs: the chunk's images, channels-last (NHWC) contiguous.
+template <typename T, int V>
+__global__ void deform_conv2d_im2col_kernel(
+    const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, ColumnLayout L,
+    T* __restrict__ col) {
+  using A = at::opmath_type<T>;
+  const DeformConv2dGeometry& g = L.g;
+  const int64_t C = g.in_channels, plane = g.height * g.width;
+  const int64_t total = L.ch.rows() * g.groups * g.taps() * L.vecs;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = idx % n, t = idx / n;
-    const int64_t k = t % g.taps(), og = t / g.taps();
-    const int64_t p = p0 + r;
-    T m;
-    const BilinearTap<T> tap = deform_conv2d_tap(g, off, msk, p, og, k, &m);
-    T gy = 0, gxv = 0, gm = 0;
-    if (tap.inside) {
-      T d[4] = {0, 0, 0, 0};
-      for (int64_t c = og * cog; c < (og + 1) * cog; ++c) {
-        const T gc = gcol[(c * g.taps() + k) * n + r];
-        const T* src = x + c * plane;
+    const ColumnItem it = column_item<V>(L, idx);
+    A m;
+    const BilinearTap<A> tap = item_tap<T, A>(L, it, off, msk, &m);
+    A s[V];
+    gather<T, A, V>(xs + it.bl * plane * C + it.c, C, tap, s);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (tap.idx[q] >= 0) d[q] += gc * src[tap.idx[q]];
+    for (int j = 0; j < V; ++j) s[j] *= m;
+    store_vec<T, A, V>(col + it.col, s);
+  }
+}
+
+// From the chunk's grad columns: gx (the chunk's images, channels-last, opmath; nullptr for
+// none) += the transpose of the sampling, by atomics; and grad_offset and grad_mask, reduced
+// over the L.width adjacent items of one (row, tap, offset group) by warp shuffles and added
+// atomically into goff and gmask (the shapes of offset and mask, contiguous, opmath).
+template <typename T, int V>
+__global__ void deform_conv2d_col2im_kernel(
+    const T* __restrict__ gcol, const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk,
+    ColumnLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
+    at::opmath_type<T>* __restrict__ gmask) {
+  using A = at::opmath_type<T>;
+  const DeformConv2dGeometry& g = L.g;
+  const int64_t C = g.in_channels, plane = g.height * g.width, taps = g.taps(), P = g.out_pixels();
+  const int64_t total = L.ch.rows() * g.groups * taps * L.vecs;
+  const bool coords = goff != nullptr || gmask != nullptr;
+  // The loop runs while any lane of the block has work, so every lane reaches the shuffles.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x; base < total;
+       base += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t idx = base + threadIdx.x;
+    const bool valid = idx < total;
+    A gy = 0, gxv = 0, gm = 0;
+    ColumnItem it;
+    if (valid) {
+      it = column_item<V>(L, idx);
+      A m;
+      const BilinearTap<A> tap = item_tap<T, A>(L, it, off, msk, &m);
+      if (tap.inside) {
+        A gv[V];
+        load_vec<T, A, V>(gcol + it.col, gv);
+        if (gx) {
+          A* dst = gx + it.bl * plane * C + it.c;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (tap.idx[q] >= 0) {
+              A add[V];
+#pragma unroll
+              for (int j = 0; j < V; ++j) add[j] = tap.w[q] * m * gv[j];
+              atomic_add_vec<A, V>(dst + tap.idx[q] * C, add);
+            }
+          }
+        }
+        if (coords) {
+          const T* img = xs + it.bl * plane * C + it.c;
+          A d[4] = {0, 0, 0, 0};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (tap.idx[q] >= 0) {
+              A val[V];
+              load_vec<T, A, V>(img + tap.idx[q] * C, val);
+#pragma unroll
+              for (int j = 0; j < V; ++j) d[q] += gv[j] * val[j];
+            }
+          }
+          bilinear_tap_grads(tap, d, m, &gy, &gxv, &gm);
         }
       }
-      bilinear_tap_grads(tap, d, m, &gy, &gxv, &gm);
     }
-    const int64_t ok = og * g.taps() + k;
-    if (goff) {
-      goff[(2 * ok) * P + p] = gy;
-      goff[(2 * ok + 1) * P + p] = gxv;
+    if (!coords) continue;
+    for (int s = L.width / 2; s > 0; s /= 2) {
+      gy += __shfl_xor_sync(0xffffffffu, gy, s);
+      gxv += __shfl_xor_sync(0xffffffffu, gxv, s);
+      gm += __shfl_xor_sync(0xffffffffu, gm, s);
     }
-    if (gmask) gmask[ok * P + p] = gm;
+    if (valid && threadIdx.x % L.width == 0 && (gy != A(0) || gxv != A(0) || gm != A(0))) {
+      const int64_t ok = it.og * taps + it.k;
+      if (goff) {
+        A* go = goff + it.b * g.offset_groups * taps * 2 * P;
+        atomicAdd(go + (2 * ok) * P + it.p, gy);
+        atomicAdd(go + (2 * ok + 1) * P + it.p, gxv);
+      }
+      if (gmask) atomicAdd(gmask + it.b * g.offset_groups * taps * P + ok * P + it.p, gm);
+    }
   }
+}
+
+// Depthwise (groups = in_channels = out_channels): out[b, c, p] = bias[c] + sum over taps k
+// of weight[c, k] * mask * bilinear(x[b, c], tap k), with no columns. V channels of one
+// offset group per thread, channels fastest (xs channels-last, wt (kh * kw, C)).
+template <typename T, int V>
+__global__ void deform_conv2d_depthwise_kernel(
+    const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, const T* __restrict__ wt,
+    const T* __restrict__ bias, DeformConv2dGeometry g, T* __restrict__ out) {
+  using A = at::opmath_type<T>;
+  const int64_t C = g.in_channels, taps = g.taps(), P = g.out_pixels(), plane = g.height * g.width;
+  const int64_t vecs = C / V, total = g.batch * P * vecs;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = (idx % vecs) * V;
+    const int64_t t = idx / vecs;
+    const int64_t p = t % P, b = t / P;
+    const int64_t og = c / g.in_per_offset_group();
+    const int64_t oy = p / g.out_w, ox = p - oy * g.out_w;
+    const T* ob = off + b * g.offset_groups * taps * 2 * P;
+    const T* mb = msk ? msk + b * g.offset_groups * taps * P : nullptr;
+    const T* img = xs + b * plane * C + c;
+    A acc[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] = 0;
+    for (int64_t k = 0; k < taps; ++k) {
+      const int64_t i = k / g.kw;
+      A m;
+      const BilinearTap<A> tap = sample_at<T, A>(g, ob, mb, oy, ox, p, i, k - i * g.kw, og * taps + k, &m);
+      A s[V];
+      gather<T, A, V>(img, C, tap, s);
+      A w[V];
+      load_vec<T, A, V>(wt + k * C + c, w);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += w[j] * (m * s[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A bv = bias ? static_cast<A>(bias[c + j]) : A(0);
+      out[(b * C + c + j) * P + p] = static_cast<T>(acc[j] + bv);
+    }
+  }
+}
+
+// Launches kernel (named name in errors and in the failed-launch test hook) over total work
+// items on the current stream; none for no work.
+#define DEFORM_CONV2D_LAUNCH(name, kernel, total, ...)                                                             \
+  do {                                                                                                             \
+    if ((total) > 0) {                                                                                             \
+      kernel<<<cuda::grid_for(total), cuda::block_size(name), 0, at::cuda::getCurrentCUDAStream()>>>(__VA_ARGS__); \
+      CUSTOMOPS_CUDA_LAUNCH_CHECK(name);                                                                           \
+    }                                                                                                              \
+  } while (0)
+
+// Channels per work item: the largest power of two up to max_bytes that divides channels
+// (the channels per group and per offset group, so that an item never straddles either),
+// with 16-byte-aligned data. More channels per item spread a sampling point's index
+// arithmetic over more loads (im2col: up to 64 bytes); col2im, bound by its atomics, runs
+// faster with more, smaller items (16 bytes).
+template <typename T>
+int vector_width(int64_t channels, bool aligned, int max_bytes = 64) {
+  int v = aligned ? max_bytes / static_cast<int>(sizeof(T)) : 1;
+  while (v > 1 && channels % v != 0) v /= 2;
+  return v;
+}
+
+// Calls f(std::integral_constant<int, V>()) with V = v, v a power of two that
+// vector_width<T> can return.
+template <typename T, typename F>
+void with_vector_width(int v, const F& f) {
+  constexpr int kMax = 4 * 16 / static_cast<int>(sizeof(T));
+  if constexpr (kMax >= 32) {
+    if (v == 32) return f(std::integral_constant<int, 32>());
+  }
+  if constexpr (kMax >= 16) {
+    if (v == 16) return f(std::integral_constant<int, 16>());
+  }
+  switch (v) {
+    case 8: return f(std::integral_constant<int, 8>());
+    case 4: return f(std::integral_constant<int, 4>());
+    case 2: return f(std::integral_constant<int, 2>());
+    default: return f(std::integral_constant<int, 1>());
+  }
+}
+
+// The chunks of a call: whole images while one image's share fits the budget and there is a
+// single group (the GEMM then batches over images), else runs of one image's pixels.
+std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel, int64_t image_extra_bytes) {
+  const int64_t P = g.out_pixels();
+  const int64_t image_bytes = P * col_bytes_per_pixel + image_extra_bytes;
+  std::vector<Chunk> chunks;
+  if (g.groups == 1 && image_bytes <= kChunkBudget) {
+    const int64_t nb = std::max<int64_t>(1, kChunkBudget / image_bytes);
+    for (int64_t b0 = 0; b0 < g.batch; b0 += nb) chunks.push_back({b0, std::min(nb, g.batch - b0), 0, P});
+    return chunks;
+  }
+  const int64_t col_budget = std::max<int64_t>(kChunkBudget - image_extra_bytes, kChunkBudget / 2);
+  const int64_t pieces = std::max<int64_t>(1, ceil_div(P * col_bytes_per_pixel, col_budget));
+  const int64_t n = ceil_div(P, pieces);
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t p0 = 0; p0 < P; p0 += n) chunks.push_back({b, 1, p0, std::min(n, P - p0)});
+  }
+  return chunks;
+}
+
+// What the kernels read besides the input: offset and mask NCHW contiguous, and the weight
+// as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order.
+struct CudaOperands {
+  at::Tensor input, off, msk, w;
+  bool input_channels_last;
+
+  CudaOperands(
+      const DeformConv2dGeometry& g, const at::Tensor& input_, const at::Tensor& offset, const at::Tensor& weight,
+      const c10::optional<at::Tensor>& mask)
+      : input(input_),
+        off(offset.contiguous()),
+        msk(mask.has_value() ? mask->contiguous() : at::Tensor()),
+        w(weight.permute({0, 2, 3, 1}).contiguous().view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
+        input_channels_last(input_.is_contiguous(at::MemoryFormat::ChannelsLast)) {}
+
+  template <typename T>
+  const T* mask_ptr() const {
+    return msk.defined() ? msk.const_data_ptr<T>() : nullptr;
+  }
+
+  // The images of a chunk, channels-last contiguous (a view of a channels_last input).
+  at::Tensor images(const Chunk& ch) const {
+    return input.narrow(0, ch.b0, ch.nb).contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  int64_t image_copy_bytes(const DeformConv2dGeometry& g) const {
+    return input_channels_last ? 0 : g.in_channels * g.height * g.width * input.element_size();
+  }
+};
+
+ColumnLayout column_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v) {
+  ColumnLayout L;
+  L.g = g;
+  L.ch = ch;
+  L.one_channel = g.in_per_group() == 1;
+  L.vecs = g.in_per_group() / v;
+  // Aligned runs of width items share a (row, tap, offset group): width divides the items per
+  // group and per offset group (with one channel per group, the channels per offset group).
+  const int64_t seg = L.one_channel ? g.in_per_offset_group() : std::gcd(g.in_per_group(), g.in_per_offset_group()) / v;
+  L.width = 1;
+  while (L.width < 32 && seg % (2 * L.width) == 0) L.width *= 2;
+  return L;
+}
+
+template <typename T>
+int chunk_vector_width(const DeformConv2dGeometry& g, const at::Tensor& xs, int max_bytes) {
+  if (g.in_per_group() == 1) return 1;
+  return vector_width<T>(
+      std::gcd(g.in_per_group(), g.in_per_offset_group()), cuda::is_aligned(xs.const_data_ptr<T>(), 16), max_bytes);
 }
 
 template <typename T>
 void launch_im2col(
-    const T* x, const T* off, const T* msk, const DeformConv2dGeometry& g, int64_t p0, int64_t n, T* col) {
-  const int64_t total = g.in_channels * g.taps() * n;
-  if (total == 0) return;
-  deform_conv2d_im2col_kernel<T>
-      <<<cuda::grid_for(total), cuda::block_size("deform_conv2d_im2col_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
-          x, off, msk, g, p0, n, col);
-  CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_im2col_kernel");
+    const CudaOperands& o, const DeformConv2dGeometry& g, const Chunk& ch, const at::Tensor& xs, at::Tensor& col) {
+  const int v = chunk_vector_width<T>(g, xs, 64);
+  const ColumnLayout L = column_layout(g, ch, v);
+  const int64_t total = ch.rows() * g.groups * g.taps() * L.vecs;
+  with_vector_width<T>(v, [&](auto vw) {
+    constexpr int V = decltype(vw)::value;
+    const auto kernel = deform_conv2d_im2col_kernel<T, V>;
+    DEFORM_CONV2D_LAUNCH(
+        "deform_conv2d_im2col_kernel", kernel, total, xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(),
+        o.mask_ptr<T>(), L, col.data_ptr<T>());
+  });
 }
 
-// What the forward and the backward read, in the compute type T, NCHW contiguous.
-struct CudaOperands {
-  at::Tensor x, off, msk, w;  // w: (groups, out_channels / groups, in_channels / groups * kh * kw)
-
-  CudaOperands(
-      const DeformConv2dGeometry& g, at::ScalarType ct, const at::Tensor& input, const at::Tensor& offset,
-      const at::Tensor& weight, const c10::optional<at::Tensor>& mask) {
-    x = input.to(ct).contiguous();
-    off = offset.to(ct).contiguous();
-    if (mask.has_value()) msk = mask->to(ct).contiguous();
-    w = weight.to(ct).contiguous().view({g.groups, g.out_per_group(), g.in_per_group() * g.taps()});
-  }
-};
-
-template <typename T>
-struct ImagePtrs {
-  const T *x, *off, *msk;
-};
-
-template <typename T>
-ImagePtrs<T> image_ptrs(const CudaOperands& o, const DeformConv2dGeometry& g, int64_t b) {
-  const int64_t P = g.out_pixels();
-  return {
-      o.x.const_data_ptr<T>() + b * g.in_channels * g.height * g.width,
-      o.off.const_data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P,
-      o.msk.defined() ? o.msk.const_data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr};
+// The columns of group gi's GEMM operand as (groups, rows, kh * kw * in_channels / groups).
+at::Tensor group_columns(const at::Tensor& col, const DeformConv2dGeometry& g, const Chunk& ch) {
+  const int64_t K = g.in_channels * g.taps();
+  return col.narrow(0, 0, K * ch.rows()).view({ch.rows(), g.groups, K / g.groups}).permute({1, 0, 2});
 }
 
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
-  const auto ct = c10::CppTypeToScalarType<T>::value;
-  const CudaOperands o(g, ct, input, offset, weight, mask);
-  at::Tensor out_t = out.scalar_type() == ct ? out : at::empty(out.sizes(), out.options().dtype(ct));
-  const at::Tensor out3 = out_t.view({g.batch, g.out_channels, g.out_pixels()});
-  const int64_t K = g.in_channels * g.taps(), Kg = K / g.groups;
-  const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
-  const at::Tensor col = at::empty({K * chunk}, o.x.options());
-  for (int64_t b = 0; b < g.batch; ++b) {
-    const ImagePtrs<T> im = image_ptrs<T>(o, g, b);
-    for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
-      const int64_t n = std::min(chunk, g.out_pixels() - p0);
-      const at::Tensor cols = col.narrow(0, 0, K * n).view({K, n});
-      launch_im2col<T>(im.x, im.off, im.msk, g, p0, n, cols.data_ptr<T>());
-      for (int64_t gc = 0; gc < g.groups; ++gc) {
-        at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-        at::mm_out(dst, o.w[gc], cols.narrow(0, gc * Kg, Kg));
-      }
+  const CudaOperands o(g, input, offset, weight, mask);
+  if (g.in_per_group() == 1 && g.out_per_group() == 1) {
+    const at::Tensor xs = o.images({0, g.batch, 0, g.out_pixels()});
+    const at::Tensor wt = weight.reshape({g.in_channels, g.taps()}).t().contiguous();
+    const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+    const int v = vector_width<T>(g.in_per_offset_group(), cuda::is_aligned(xs.const_data_ptr<T>(), 16));
+    const int64_t total = g.batch * g.out_pixels() * (g.in_channels / v);
+    with_vector_width<T>(v, [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      const auto kernel = deform_conv2d_depthwise_kernel<T, V>;
+      DEFORM_CONV2D_LAUNCH(
+          "deform_conv2d_depthwise_kernel", kernel, total, xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(),
+          o.mask_ptr<T>(), wt.const_data_ptr<T>(), b.defined() ? b.const_data_ptr<T>() : nullptr, g, out.data_ptr<T>());
+    });
+    return;
+  }
+  const int64_t K = g.in_channels * g.taps();
+  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), o.image_copy_bytes(g));
+  int64_t max_rows = 0;
+  for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
+  at::Tensor col = at::empty({K * max_rows}, input.options().memory_format(at::MemoryFormat::Contiguous));
+  const at::Tensor out4 = out.view({g.batch, g.groups, g.out_per_group(), g.out_pixels()});
+  at::Tensor xs;
+  for (const Chunk& ch : chunks) {
+    if (ch.p0 == 0) xs = o.images(ch);
+    launch_im2col<T>(o, g, ch, xs, col);
+    const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
+    if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
+      at::Tensor dst = out4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n);
+      at::bmm_out(
+          dst, o.w[0].unsqueeze(0).expand({ch.nb, g.out_channels, K}), cols[0].view({ch.nb, ch.n, K}).transpose(1, 2));
+    } else {  // over the groups of one image: (G, C_out / G, Kg) x (G, Kg, n)
+      at::Tensor dst = out4[ch.b0].narrow(2, ch.p0, ch.n);
+      at::bmm_out(dst, o.w, cols.transpose(1, 2));
     }
   }
-  if (bias.has_value()) out_t.add_(bias->to(ct).view({1, g.out_channels, 1, 1}));
-  if (!out_t.is_same(out)) out.copy_(out_t);
+  if (bias.has_value()) out.add_(bias->view({1, g.out_channels, 1, 1}));
 }
 
 at::Tensor deform_conv2d_cuda(
@@ -188,62 +522,82 @@ at::Tensor deform_conv2d_cuda(
   at::Tensor out = at::empty(
       {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(at::MemoryFormat::Contiguous));
   if (out.numel() == 0) return out;
-  if (input.scalar_type() == at::kDouble) {
-    forward_impl<double>(g, input, offset, weight, bias, mask, out);
-  } else {
-    forward_impl<float>(g, input, offset, weight, bias, mask, out);
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d_cuda", [&] {
+    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, out);
+  });
   return out;
 }
 
+// Accumulators of the requested gradients, in opmath: offset, mask (their shapes) and weight
+// (the columns' order).
+struct BackwardBuffers {
+  at::Tensor goff, gw, gmask;
+};
+
 template <typename T>
 void backward_impl(
-    const DeformConv2dGeometry& g, const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset,
-    const at::Tensor& weight, const c10::optional<at::Tensor>& mask, std::array<bool, 5> want, at::Tensor& gx_t,
-    at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
-  const auto ct = c10::CppTypeToScalarType<T>::value;
-  const CudaOperands o(g, ct, input, offset, weight, mask);
-  const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
-  const int64_t K = g.in_channels * g.taps(), Kg = K / g.groups, P = g.out_pixels();
-  const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
-  const at::Tensor col = at::empty({K * chunk}, o.x.options());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool need_gcol = want[0] || want[1] || want[4];
-  for (int64_t b = 0; b < g.batch; ++b) {
-    const ImagePtrs<T> im = image_ptrs<T>(o, g, b);
-    T* gx = want[0] ? gx_t.data_ptr<T>() + b * g.in_channels * g.height * g.width : nullptr;
-    T* goff = want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr;
-    T* gmask = want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr;
-    for (int64_t p0 = 0; p0 < P; p0 += chunk) {
-      const int64_t n = std::min(chunk, P - p0);
-      const at::Tensor cols = col.narrow(0, 0, K * n).view({K, n});
-      if (want[2]) {
-        launch_im2col<T>(im.x, im.off, im.msk, g, p0, n, cols.data_ptr<T>());
-        for (int64_t gc = 0; gc < g.groups; ++gc) {
-          const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-          gw_t[gc].addmm_(go_g, cols.narrow(0, gc * Kg, Kg).t());
-        }
+    const DeformConv2dGeometry& g, const at::Tensor& grad_out, const CudaOperands& o, std::array<bool, 5> want,
+    at::Tensor& grad_input, BackwardBuffers& acc) {
+  using A = at::opmath_type<T>;
+  const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
+  const int64_t gx_image_bytes = want[0] ? g.in_channels * g.height * g.width * int64_t(sizeof(A)) : 0;
+  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), gx_image_bytes + o.image_copy_bytes(g));
+  int64_t max_rows = 0, max_images = 1;
+  for (const Chunk& ch : chunks) {
+    max_rows = std::max(max_rows, ch.rows());
+    max_images = std::max(max_images, ch.nb);
+  }
+  const auto opts = o.off.options();
+  const at::Tensor go4 = grad_out.contiguous().view({g.batch, g.groups, g.out_per_group(), P});
+  at::Tensor col = at::empty({K * max_rows}, opts);
+  at::Tensor go_rows;  // groups == 1: grad_out of the chunk as (C_out, rows)
+  if (g.groups == 1) go_rows = at::empty({g.out_channels * max_rows}, opts);
+  at::Tensor gx_buf;  // the chunk's grad_input, channels-last
+  if (want[0])
+    gx_buf = at::empty({max_images, g.height, g.width, g.in_channels}, opts.dtype(c10::CppTypeToScalarType<A>::value));
+  at::Tensor xs;
+  for (const Chunk& ch : chunks) {
+    if (ch.p0 == 0) {
+      xs = o.images(ch);
+      if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
+    }
+    const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
+    const int64_t rows = ch.rows();
+    at::Tensor gor;
+    if (g.groups == 1) {
+      gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, ch.nb, ch.n});
+      gor.copy_(go4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n).permute({1, 0, 2}));
+      gor = gor.view({g.out_channels, rows});
+    }
+    if (want[2]) {
+      launch_im2col<T>(o, g, ch, xs, col);
+      if (g.groups == 1) {
+        acc.gw[0].add_(at::mm(gor, cols[0]));
+      } else {
+        acc.gw.add_(at::bmm(go4[ch.b0].narrow(2, ch.p0, ch.n), cols));
       }
-      if (!need_gcol) continue;
-      for (int64_t gc = 0; gc < g.groups; ++gc) {
-        const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-        at::Tensor dst = cols.narrow(0, gc * Kg, Kg);
-        at::mm_out(dst, o.w[gc].t(), go_g);
-      }
-      const int64_t total = K * n;
-      if (gx && total > 0) {
-        deform_conv2d_col2im_kernel<T>
-            <<<cuda::grid_for(total), cuda::block_size("deform_conv2d_col2im_kernel"), 0, stream>>>(
-                cols.const_data_ptr<T>(), im.off, im.msk, g, p0, n, gx);
-        CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_col2im_kernel");
-      }
-      const int64_t coords = g.offset_groups * g.taps() * n;
-      if ((goff || gmask) && coords > 0) {
-        deform_conv2d_coord_kernel<T>
-            <<<cuda::grid_for(coords), cuda::block_size("deform_conv2d_coord_kernel"), 0, stream>>>(
-                cols.const_data_ptr<T>(), im.x, im.off, im.msk, g, p0, n, goff, gmask);
-        CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_coord_kernel");
-      }
+    }
+    if (!(want[0] || want[1] || want[4])) continue;
+    if (g.groups == 1) {
+      at::Tensor dst = cols[0];
+      at::mm_out(dst, gor.t(), o.w[0]);
+    } else {
+      at::Tensor dst = cols;
+      at::bmm_out(dst, go4[ch.b0].narrow(2, ch.p0, ch.n).transpose(1, 2), o.w);
+    }
+    const int v = chunk_vector_width<T>(g, xs, 16);
+    const ColumnLayout L = column_layout(g, ch, v);
+    const int64_t total = rows * g.groups * g.taps() * L.vecs;
+    with_vector_width<T>(v, [&](auto vw) {
+      constexpr int V = decltype(vw)::value;
+      const auto kernel = deform_conv2d_col2im_kernel<T, V>;
+      DEFORM_CONV2D_LAUNCH(
+          "deform_conv2d_col2im_kernel", kernel, total, col.const_data_ptr<T>(), xs.const_data_ptr<T>(),
+          o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, want[0] ? gx_buf.data_ptr<A>() : nullptr,
+          want[1] ? acc.goff.data_ptr<A>() : nullptr, want[4] ? acc.gmask.data_ptr<A>() : nullptr);
+    });
+    if (want[0] && ch.p0 + ch.n == P) {
+      grad_input.narrow(0, ch.b0, ch.nb).copy_(gx_buf.narrow(0, 0, ch.nb).permute({0, 3, 1, 2}));
     }
   }
 }
@@ -258,29 +612,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   std::array<bool, 5> want = output_mask;
   want[4] = want[4] && g.has_mask;
-  const auto ct = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const auto opts = input.options().dtype(ct);
-  at::Tensor gx_t = want[0] ? at::zeros(input.sizes(), opts) : at::Tensor();
-  at::Tensor goff_t = want[1] ? at::zeros(offset.sizes(), opts) : at::Tensor();
-  at::Tensor gmask_t = want[4] ? at::zeros(mask->sizes(), opts) : at::Tensor();
-  at::Tensor gw_t =
-      want[2] ? at::zeros({g.groups, g.out_per_group(), g.in_per_group() * g.taps()}, opts) : at::Tensor();
-  if ((want[0] || want[1] || want[2] || want[4]) && g.batch > 0 && g.out_channels > 0) {
-    if (ct == at::kDouble) {
-      backward_impl<double>(g, grad_out, input, offset, weight, mask, want, gx_t, goff_t, gw_t, gmask_t);
-    } else {
-      backward_impl<float>(g, grad_out, input, offset, weight, mask, want, gx_t, goff_t, gw_t, gmask_t);
-    }
-  }
   const auto dt = input.scalar_type();
+  const auto acc_t = dt == at::kDouble ? at::kDouble : at::kFloat;
+  const auto opts = input.options();
+  const bool work = (want[0] || want[1] || want[2] || want[4]) && g.batch > 0 && g.out_channels > 0;
+  // Every image's grad_input is written from its accumulator; with no work it is zero.
+  at::Tensor grad_input;
+  if (want[0]) grad_input = work ? at::empty(input.sizes(), opts) : at::zeros(input.sizes(), opts);
+  BackwardBuffers acc;
+  if (want[1]) acc.goff = at::zeros(offset.sizes(), opts.dtype(acc_t));
+  if (want[4]) acc.gmask = at::zeros(mask->sizes(), opts.dtype(acc_t));
+  if (want[2]) acc.gw = at::zeros({g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, opts.dtype(acc_t));
+  if (work) {
+    const CudaOperands o(g, input, offset, weight, mask);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "deform_conv2d_backward_cuda", [&] {
+      backward_impl<scalar_t>(g, grad_out, o, want, grad_input, acc);
+    });
+  }
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
-  at::Tensor grad_input = want[0] ? gx_t.to(dt) : none();
-  at::Tensor grad_offset = want[1] ? goff_t.to(dt) : none();
-  at::Tensor grad_weight = want[2] ? gw_t.view(weight.sizes()).to(dt) : none();
-  at::Tensor grad_bias = output_mask[3] ? grad_out.to(ct).sum(at::IntArrayRef{0, 2, 3}).to(dt) : none();
-  at::Tensor grad_mask = want[4] ? gmask_t.to(dt) : none();
-  return {grad_input, grad_offset, grad_weight, grad_bias, grad_mask};
+  at::Tensor grad_weight;
+  if (want[2]) {
+    grad_weight = acc.gw.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}).contiguous().to(dt);
+  }
+  return {
+      want[0] ? grad_input : none(), want[1] ? acc.goff.to(dt) : none(), want[2] ? grad_weight : none(),
+      output_mask[3] ? at::sum(grad_out, at::IntArrayRef{0, 2, 3}, false, acc_t).to(dt) : none(),
+      want[4] ? acc.gmask.to(dt) : none()};
 }
+
+#undef DEFORM_CONV2D_LAUNCH
 
 }  // namespace
 
