@@ -2,9 +2,11 @@
 (1,797 8x8 images, 10 classes, shipped inside scikit-learn: no download), export it as
 TorchScript, an AOTInductor package and ONNX, and check that every form (eager, torch.compile,
 the loaded exports, the C++ server customops_serve, ONNX Runtime) gives the same
-predictions on the held-out set.
+predictions on the held-out set. Then its second stage, examples/train_segmentation.py: a
+segmentation network with modulated deformable convolutions, on canvases of those digits.
 
-    python examples/train_digits.py [--epochs 30] [--device cpu|cuda] [--export-dir DIR]
+    python examples/train_digits.py [--epochs 30] [--seg-epochs 8 | --no-segmentation]
+        [--device cpu|cuda] [--no-progress] [--export-dir DIR]
 """
 
 import argparse
@@ -13,6 +15,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Optional
 
 import torch
 from torch import nn
@@ -59,12 +62,12 @@ def train(model, x, y, epochs: int, batch_size: int = 64, lr: float = 1e-2, show
     return model
 
 
-def latency_ms(fn, x, runs: int = 50) -> float:
+def latency_ms(fn, x, runs: int = 50, warmup: int = 5) -> float:
     """Median wall time of fn(x) in milliseconds, device work (and, for ONNX Runtime, the copies
     to and from the host) included."""
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     with torch.no_grad():
-        for _ in range(5):
+        for _ in range(warmup):
             fn(x)
         times = []
         for _ in range(runs):
@@ -76,9 +79,10 @@ def latency_ms(fn, x, runs: int = 50) -> float:
     return statistics.median(times)
 
 
-def model_forms(model, example, export_dir):
-    """The forms of the trained model that a user ships, exported to export_dir and loaded
-    back: name -> callable. Also returns {format: path} and the forms skipped, with why."""
+def model_forms(model, example, export_dir, name: str = "digits", triton: bool = True):
+    """The forms of the trained model that a user ships, exported to export_dir as name.{pt,pt2,onnx}
+    (and, with triton, Triton model repositories in export_dir/triton) and loaded back: form ->
+    callable. Also returns {format: path} and the forms skipped, with why."""
     from customops.export import export_model, load_aoti, load_torchscript
     from customops.export.aoti import aoti_python_loading_works
 
@@ -98,7 +102,7 @@ def model_forms(model, example, export_dir):
         formats.append("onnx")
     except ImportError as e:
         skipped["ONNX Runtime (.onnx)"] = f"onnx export needs onnxscript and onnxruntime ({e})"
-    paths = export_model(model, example, export_dir, "digits", formats)
+    paths = export_model(model, example, export_dir, name, formats, triton=triton)
     forms["TorchScript (.pt, loaded)"] = load_torchscript(paths["pt"], map_location=str(example.device))
     if aoti_python_loading_works():
         forms["AOTInductor (.pt2, Python)"] = load_aoti(paths["pt2"])
@@ -128,9 +132,9 @@ def table_row(name, logits, y, reference, ms):
     )
 
 
-def cpp_rows(paths, x, y, reference, work_dir, skipped):
-    """Runs the held-out set through the C++ server customops_serve (shipped in the package)
-    for the TorchScript and AOTInductor exports."""
+def serve_outputs(paths, x, work_dir, skipped, runs: int = 50, warmup: Optional[int] = None):
+    """Runs x through the C++ server customops_serve (shipped in the package) for the TorchScript
+    and AOTInductor exports: [(form, output, median ms of runs)]."""
     from customops import server_path
     from customops.export.cpp import run_serve
 
@@ -139,11 +143,11 @@ def cpp_rows(paths, x, y, reference, work_dir, skipped):
     except FileNotFoundError as e:
         skipped["C++ customops_serve"] = str(e)
         return []
-    rows = []
+    outputs = []
     for fmt in ("pt", "pt2"):
-        logits, median_ms, _ = run_serve(binary, paths[fmt], x, work_dir)
-        rows.append(table_row(f"C++ customops_serve (.{fmt})", logits.to(x.device), y, reference, median_ms))
-    return rows
+        out, median_ms, _ = run_serve(binary, paths[fmt], x, work_dir, runs, warmup=warmup)
+        outputs.append((f"C++ customops_serve (.{fmt})", out.to(x.device), median_ms))
+    return outputs
 
 
 def main(argv=None) -> int:
@@ -151,7 +155,11 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--export-dir", help="where to write digits.{pt,pt2,onnx} (default: a temporary folder)")
+    parser.add_argument(
+        "--export-dir", help="where to write digits.{pt,pt2,onnx} and segmentation.* (default: a temporary folder)"
+    )
+    parser.add_argument("--seg-epochs", type=int, help="the segmentation stage's epochs (default its own, 8)")
+    parser.add_argument("--no-segmentation", action="store_true", help="skip the segmentation stage")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -161,7 +169,17 @@ def main(argv=None) -> int:
     model = train(make_model().to(device), x_train, y_train, args.epochs, show_progress=not args.no_progress)
 
     with tempfile.TemporaryDirectory(prefix="customops-digits-") as tmp:
-        return _evaluate(model, x_test, y_test, args.export_dir or tmp, keep=bool(args.export_dir))
+        status = _evaluate(model, x_test, y_test, args.export_dir or tmp, keep=bool(args.export_dir))
+    if args.no_segmentation:
+        return status
+    from train_segmentation import main as segmentation_main  # beside this file
+
+    seg_argv = ["--device", args.device]
+    seg_argv += ["--epochs", str(args.seg_epochs)] if args.seg_epochs is not None else []
+    seg_argv += ["--no-progress"] if args.no_progress else []
+    seg_argv += ["--export-dir", args.export_dir] if args.export_dir else []
+    print()
+    return segmentation_main(seg_argv) or status
 
 
 def _evaluate(model, x_test, y_test, export_dir, keep: bool) -> int:
@@ -176,7 +194,8 @@ def _evaluate(model, x_test, y_test, export_dir, keep: bool) -> int:
         rows = []
         for name, fn in forms.items():
             rows.append(table_row(name, fn(x_test), y_test, reference, latency_ms(fn, x_test)))
-        rows += cpp_rows(paths, x_test, y_test, reference, export_dir, skipped)
+        for name, logits, ms in serve_outputs(paths, x_test, export_dir, skipped):
+            rows.append(table_row(name, logits, y_test, reference, ms))
 
     print(
         "\n| path | test accuracy | max abs diff vs eager | same predictions "
