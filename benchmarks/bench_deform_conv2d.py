@@ -308,5 +308,6 @@ def main():
             )
         write_results(stem, header, rows, device, machine, tail)
 
+
 if __name__ == "__main__":
     main()
