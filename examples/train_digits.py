@@ -40,10 +40,14 @@ def make_model() -> nn.Module:
     return nn.Sequential(FusedLinearSigmoid(64, 128), FusedLinearSigmoid(128, 64), nn.Linear(64, 10))
 
 
-def train(model, x, y, epochs: int, batch_size: int = 64, lr: float = 1e-2, show_progress: bool = True):
+def train(model, x, y, epochs: int, batch_size: int = 64, lr: float = 1e-2, show_progress: bool = True,
+          optimizer=None, schedule=None):  # fmt: skip
+    """Minibatch cross-entropy training with a progress bar; ``optimizer(params, lr)`` (default
+    Adam) and ``schedule(opt, lr, total_steps)`` (default none, else stepped per batch)."""
     from tqdm import tqdm
 
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    opt = (optimizer or (lambda params, lr: torch.optim.Adam(params, lr=lr)))(model.parameters(), lr)
+    sched = schedule(opt, lr, epochs * ((len(y) + batch_size - 1) // batch_size)) if schedule else None
     gen = torch.Generator().manual_seed(0)
     model.train()
     bar = tqdm(range(epochs), desc="training", unit="epoch", disable=not show_progress, file=sys.stdout)
@@ -56,6 +60,8 @@ def train(model, x, y, epochs: int, batch_size: int = 64, lr: float = 1e-2, show
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if sched is not None:
+                sched.step()
             total += loss.item() * len(batch)
         bar.set_postfix(loss=f"{total / len(y):.4f}")
     model.eval()

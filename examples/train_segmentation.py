@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_digits  # noqa: E402
 from train_digits import latency_ms, load_digits_split, model_forms, serve_outputs  # noqa: E402
 
 from customops.nn import ModulatedDeformConv2d  # noqa: E402
@@ -100,29 +101,13 @@ class SegNet(nn.Module):
         return F.interpolate(out, scale_factor=2.0, mode="bilinear", align_corners=False)
 
 
-def train(model, x, y, epochs: int, batch_size: int = 32, lr: float = 3e-3, show_progress: bool = True):
-    from tqdm import tqdm
-
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    steps = epochs * ((len(y) + batch_size - 1) // batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
-    gen = torch.Generator().manual_seed(0)
-    model.train()
-    bar = tqdm(range(epochs), desc="training", unit="epoch", disable=not show_progress, file=sys.stdout)
-    for _ in bar:
-        perm = torch.randperm(len(y), generator=gen).to(x.device)
-        total = 0.0
-        for i in range(0, len(y), batch_size):
-            batch = perm[i : i + batch_size]
-            loss = F.cross_entropy(model(x[batch]), y[batch])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            total += loss.item() * len(batch)
-        bar.set_postfix(loss=f"{total / len(y):.4f}")
-    model.eval()
-    return model
+def train(model, x, y, epochs: int, show_progress: bool = True):
+    """AdamW with a one-cycle schedule, through the digits job's training loop."""
+    return train_digits.train(
+        model, x, y, epochs, batch_size=32, lr=3e-3, show_progress=show_progress,
+        optimizer=lambda params, lr: torch.optim.AdamW(params, lr=lr, weight_decay=1e-4),
+        schedule=lambda opt, lr, steps: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps),
+    )  # fmt: skip
 
 
 def iou_per_class(pred, y, classes: int = len(CLASSES)):
