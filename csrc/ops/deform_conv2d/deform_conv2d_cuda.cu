@@ -14,10 +14,12 @@
 //     deform_conv2d_depthwise_kernel computes the output directly, with no columns.
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
-//     deform_conv2d_col2im_kernel adds them into a channels-last float32 (float64)
-//     grad_input accumulator with vector atomics, and reduces the dot products of
-//     grad_offset and grad_mask over the channels of each sampling point by warp shuffles
-//     (partial sums added atomically). Atomics make the last bits order-dependent.
+//     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
+//     them into a channels-last float32 (float64) grad_input accumulator with vector atomics,
+//     and reduces the dot products of grad_offset and grad_mask over the channels of each
+//     sampling point by warp shuffles (partial sums added atomically). Depthwise: the same
+//     kernel reads grad_out and the weight instead of grad columns and sums grad_weight
+//     itself, with no columns and no GEMM. Atomics make the last bits order-dependent.
 // Sampling is computed in opmath (float for 16-bit inputs, double for float64).
 // Every launch is on the current stream, after the checks and a device guard, with 64-bit
 // indices, and is followed by CUSTOMOPS_CUDA_LAUNCH_CHECK; empty work launches nothing.
@@ -27,6 +29,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <numeric>
 #include <tuple>
 #include <type_traits>
@@ -80,9 +83,10 @@ struct Chunk {
 struct ColumnLayout {
   DeformConv2dGeometry g;
   Chunk ch;
-  int64_t vecs;      // V-channel vectors per (row, group, tap)
+  // Items per chunk stay below 2^31 (plan_chunks), so an item's index splits in 32 bits.
+  uint32_t vecs;     // V-channel vectors per (row, group, tap)
+  uint32_t taps, groups, n;
   bool one_channel;  // in_channels / groups == 1
-  int width;         // adjacent items sharing (row, tap, offset group): a power of two <= 32
 };
 
 struct ColumnItem {
@@ -91,30 +95,32 @@ struct ColumnItem {
 };
 
 template <int V>
-__device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t idx) {
+__device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t idx64) {
   const DeformConv2dGeometry& g = L.g;
-  const int64_t taps = g.taps();
+  const uint32_t idx = static_cast<uint32_t>(idx64);
   ColumnItem it;
-  int64_t r, gi, v = 0;
+  uint32_t r, gi, v = 0, k;
   if (L.one_channel) {
-    gi = idx % g.groups;
-    const int64_t t = idx / g.groups;
-    it.k = t % taps;
-    r = t / taps;
-    it.col = (r * g.groups + gi) * taps + it.k;
+    gi = idx % L.groups;
+    const uint32_t t = idx / L.groups;
+    r = t / L.taps;
+    k = t - r * L.taps;
+    it.col = (static_cast<int64_t>(r) * L.groups + gi) * L.taps + k;
   } else {
-    v = idx % L.vecs;
-    int64_t t = idx / L.vecs;
-    it.k = t % taps;
-    t /= taps;
-    gi = t % g.groups;
-    r = t / g.groups;
-    it.col = idx * V;
+    const uint32_t t0 = idx / L.vecs;
+    v = idx - t0 * L.vecs;
+    const uint32_t t1 = t0 / L.taps;
+    k = t0 - t1 * L.taps;
+    r = t1 / L.groups;
+    gi = t1 - r * L.groups;
+    it.col = idx64 * V;
   }
-  it.bl = r / L.ch.n;
-  it.p = L.ch.p0 + r - it.bl * L.ch.n;
-  it.b = L.ch.b0 + it.bl;
-  it.c = gi * g.in_per_group() + v * V;
+  it.k = k;
+  const uint32_t bl = r / L.n;
+  it.bl = bl;
+  it.p = L.ch.p0 + (r - bl * L.n);
+  it.b = L.ch.b0 + bl;
+  it.c = static_cast<int64_t>(gi) * g.in_per_group() + static_cast<int64_t>(v) * V;
   it.og = it.c / g.in_per_offset_group();
   return it;
 }
@@ -222,76 +228,139 @@ __global__ void deform_conv2d_im2col_kernel(
   }
 }
 
-// From the chunk's grad columns: gx (the chunk's images, channels-last, opmath; nullptr for
-// none) += the transpose of the sampling, by atomics; and grad_offset and grad_mask, reduced
-// over the L.width adjacent items of one (row, tap, offset group) by warp shuffles and added
-// atomically into goff and gmask (the shapes of offset and mask, contiguous, opmath).
-template <typename T, int V>
-__global__ void deform_conv2d_col2im_kernel(
-    const T* __restrict__ gcol, const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk,
-    ColumnLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
-    at::opmath_type<T>* __restrict__ gmask) {
+// The backward's partition: a block takes a tile of th x tw output pixels of one image of
+// the chunk, all taps, and kSlice channels, kSlice / V threads per (pixel, tap), so that the
+// samples of a block's pixels share cache lines. Its grad_input terms are vector atomics
+// straight into gx: a shared-memory accumulator per tile is slower on the H200, where a float
+// atomicAdd on shared memory is a compare-and-swap loop (docs/deform_conv2d.md).
+constexpr int kSlice = 32;
+// Threads per block: more (pixel, tap) tasks in flight per tile than 256 (measured faster);
+// the launch bound keeps the float64 kernels (more registers) launchable at this size.
+constexpr int kCol2imThreads = 1024;
+
+struct TileLayout {
+  DeformConv2dGeometry g;
+  Chunk ch;
+  int th, tw, tiles_x, tiles;  // tiles per image of the chunk
+  int64_t oy0;                 // the chunk's first output row
+  int width;  // adjacent threads of one (pixel, tap) that share an offset group: a power of two
+};
+
+// From the chunk's grad columns (kDepthwise: from grad_out, channels-last, and the weight,
+// wt (kh * kw, C)): gx (the chunk's images, channels-last, opmath; nullptr for none) += the
+// transpose of the sampling; grad_offset and grad_mask, reduced over the channels of one
+// (pixel, tap, offset group) by warp shuffles and added atomically into goff and gmask (the
+// shapes of offset and mask, contiguous, opmath); kDepthwise: grad_weight into gw (C, kh * kw).
+template <typename T, int V, bool kDepthwise>
+__global__ void __launch_bounds__(kCol2imThreads) deform_conv2d_col2im_kernel(
+    const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
+    const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
+    at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
   using A = at::opmath_type<T>;
+  extern __shared__ unsigned char smem_bytes[];
+  A* gws = reinterpret_cast<A*>(smem_bytes);  // kDepthwise: grad_weight of the block, (taps, kSlice)
   const DeformConv2dGeometry& g = L.g;
-  const int64_t C = g.in_channels, plane = g.height * g.width, taps = g.taps(), P = g.out_pixels();
-  const int64_t total = L.ch.rows() * g.groups * taps * L.vecs;
+  const int64_t C = g.in_channels, H = g.height, W = g.width, P = g.out_pixels();
+  const int taps = static_cast<int>(g.taps());
+  constexpr int kLanes = kSlice / V;
+  const int lane = threadIdx.x % kLanes, slot = threadIdx.x / kLanes, slots = blockDim.x / kLanes;
+  const int tile = blockIdx.x % L.tiles;
+  const int64_t bl = blockIdx.x / L.tiles, b = L.ch.b0 + bl;
+  const int64_t ty0 = L.oy0 + (tile / L.tiles_x) * L.th, tx0 = (tile % L.tiles_x) * L.tw;
+  const int cl = lane * V;  // the thread's first channel in the slice
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kSlice + cl;
+  const bool has_c = c < C;
+  const int gw_size = kDepthwise && gw ? taps * kSlice : 0;
+  for (int e = threadIdx.x; e < gw_size; e += blockDim.x) gws[e] = A(0);
+  if (gw_size > 0) __syncthreads();
   const bool coords = goff != nullptr || gmask != nullptr;
-  // The loop runs while any lane of the block has work, so every lane reaches the shuffles.
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x; base < total;
-       base += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t idx = base + threadIdx.x;
-    const bool valid = idx < total;
+  const T* img = xs + bl * H * W * C + c;
+  A* gxi = gx ? gx + bl * H * W * C + c : nullptr;
+  const T* ob = off + b * g.offset_groups * taps * 2 * P;
+  const T* mb = msk ? msk + b * g.offset_groups * taps * P : nullptr;
+  const int64_t og = c / g.in_per_offset_group(), gi = c / g.in_per_group(), cc = c - gi * g.in_per_group();
+  const int tasks = L.th * L.tw * taps;
+  // The loop runs while any task of the block is left, so every lane reaches the shuffles.
+  for (int base = 0; base < tasks; base += slots) {
+    const int t = base + slot;
+    const int k = t % taps, pix = t / taps;
+    const int64_t oy = ty0 + pix / L.tw, ox = tx0 + pix % L.tw, p = oy * g.out_w + ox;
+    const bool valid = t < tasks && has_c && oy < g.out_h && ox < g.out_w && p >= L.ch.p0 && p < L.ch.p0 + L.ch.n;
     A gy = 0, gxv = 0, gm = 0;
-    ColumnItem it;
     if (valid) {
-      it = column_item<V>(L, idx);
+      const int i = k / static_cast<int>(g.kw);
       A m;
-      const BilinearTap<A> tap = item_tap<T, A>(L, it, off, msk, &m);
+      const BilinearTap<A> tap = sample_at<T, A>(g, ob, mb, oy, ox, p, i, k - i * g.kw, og * taps + k, &m);
       if (tap.inside) {
-        A gv[V];
-        load_vec<T, A, V>(gcol + it.col, gv);
+        A gv[V], go[V];
+        if constexpr (kDepthwise) {
+          A w[V];
+          load_vec<T, A, V>(gcol + (bl * P + p) * C + c, go);
+          load_vec<T, A, V>(wt + static_cast<int64_t>(k) * C + c, w);
+#pragma unroll
+          for (int j = 0; j < V; ++j) gv[j] = go[j] * w[j];
+        } else {
+          const int64_t r = bl * L.ch.n + (p - L.ch.p0);
+          load_vec<T, A, V>(gcol + ((r * g.groups + gi) * taps + k) * g.in_per_group() + cc, gv);
+        }
         if (gx) {
-          A* dst = gx + it.bl * plane * C + it.c;
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (tap.idx[q] >= 0) {
-              A add[V];
+            if (tap.idx[q] < 0) continue;
+            A add[V];
 #pragma unroll
-              for (int j = 0; j < V; ++j) add[j] = tap.w[q] * m * gv[j];
-              atomic_add_vec<A, V>(dst + tap.idx[q] * C, add);
-            }
+            for (int j = 0; j < V; ++j) add[j] = tap.w[q] * m * gv[j];
+            atomic_add_vec<A, V>(gxi + tap.idx[q] * C, add);
           }
         }
-        if (coords) {
-          const T* img = xs + it.bl * plane * C + it.c;
-          A d[4] = {0, 0, 0, 0};
+        if (coords || gw_size > 0) {
+          A d[4] = {0, 0, 0, 0}, s[V];
+#pragma unroll
+          for (int j = 0; j < V; ++j) s[j] = 0;
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (tap.idx[q] >= 0) {
-              A val[V];
-              load_vec<T, A, V>(img + tap.idx[q] * C, val);
+            if (tap.idx[q] < 0) continue;
+            A val[V];
+            load_vec<T, A, V>(img + tap.idx[q] * C, val);
 #pragma unroll
-              for (int j = 0; j < V; ++j) d[q] += gv[j] * val[j];
+            for (int j = 0; j < V; ++j) {
+              d[q] += gv[j] * val[j];
+              s[j] += tap.w[q] * val[j];
             }
           }
-          bilinear_tap_grads(tap, d, m, &gy, &gxv, &gm);
+          if (coords) bilinear_tap_grads(tap, d, m, &gy, &gxv, &gm);
+          if constexpr (kDepthwise) {
+            if (gw_size > 0) {
+#pragma unroll
+              for (int j = 0; j < V; ++j) atomicAdd(gws + k * kSlice + cl + j, go[j] * m * s[j]);
+            }
+          }
         }
       }
     }
     if (!coords) continue;
-    for (int s = L.width / 2; s > 0; s /= 2) {
-      gy += __shfl_xor_sync(0xffffffffu, gy, s);
-      gxv += __shfl_xor_sync(0xffffffffu, gxv, s);
-      gm += __shfl_xor_sync(0xffffffffu, gm, s);
+    for (int sh = L.width / 2; sh > 0; sh /= 2) {
+      gy += __shfl_xor_sync(0xffffffffu, gy, sh);
+      gxv += __shfl_xor_sync(0xffffffffu, gxv, sh);
+      gm += __shfl_xor_sync(0xffffffffu, gm, sh);
     }
-    if (valid && threadIdx.x % L.width == 0 && (gy != A(0) || gxv != A(0) || gm != A(0))) {
-      const int64_t ok = it.og * taps + it.k;
+    if (valid && lane % L.width == 0 && (gy != A(0) || gxv != A(0) || gm != A(0))) {
+      const int64_t ok = og * taps + k;
       if (goff) {
-        A* go = goff + it.b * g.offset_groups * taps * 2 * P;
-        atomicAdd(go + (2 * ok) * P + it.p, gy);
-        atomicAdd(go + (2 * ok + 1) * P + it.p, gxv);
+        A* gob = goff + b * g.offset_groups * taps * 2 * P;
+        atomicAdd(gob + (2 * ok) * P + p, gy);
+        atomicAdd(gob + (2 * ok + 1) * P + p, gxv);
       }
-      if (gmask) atomicAdd(gmask + it.b * g.offset_groups * taps * P + ok * P + it.p, gm);
+      if (gmask) atomicAdd(gmask + b * g.offset_groups * taps * P + ok * P + p, gm);
+    }
+  }
+  if (gw_size == 0) return;
+  __syncthreads();
+  for (int k = slot; has_c && k < taps; k += slots) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const A v = gws[k * kSlice + cl + j];
+      if (v != A(0)) atomicAdd(gw + (c + j) * taps + k, v);
     }
   }
 }
@@ -380,18 +449,23 @@ void with_vector_width(int v, const F& f) {
 }
 
 // The chunks of a call: whole images while one image's share fits the budget and there is a
-// single group (the GEMM then batches over images), else runs of one image's pixels.
+// single group (the GEMM then batches over images), else runs of one image's pixels. A
+// chunk's columns stay below 2^31 values, for the kernels' 32-bit item indices.
 std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel, int64_t image_extra_bytes) {
-  const int64_t P = g.out_pixels();
+  const int64_t P = g.out_pixels(), K = g.in_channels * g.taps();
+  TORCH_CHECK(
+      K <= std::numeric_limits<int32_t>::max(),
+      "customops: expected in_channels * kh * kw to be below 2^31 on CUDA, but got ", int_str(K));
+  const int64_t max_rows = std::numeric_limits<int32_t>::max() / K;
   const int64_t image_bytes = P * col_bytes_per_pixel + image_extra_bytes;
   std::vector<Chunk> chunks;
-  if (g.groups == 1 && image_bytes <= kChunkBudget) {
-    const int64_t nb = std::max<int64_t>(1, kChunkBudget / image_bytes);
+  if (g.groups == 1 && image_bytes <= kChunkBudget && P <= max_rows) {
+    const int64_t nb = std::max<int64_t>(1, std::min(kChunkBudget / image_bytes, max_rows / P));
     for (int64_t b0 = 0; b0 < g.batch; b0 += nb) chunks.push_back({b0, std::min(nb, g.batch - b0), 0, P});
     return chunks;
   }
   const int64_t col_budget = std::max<int64_t>(kChunkBudget - image_extra_bytes, kChunkBudget / 2);
-  const int64_t pieces = std::max<int64_t>(1, ceil_div(P * col_bytes_per_pixel, col_budget));
+  const int64_t pieces = std::max({int64_t(1), ceil_div(P * col_bytes_per_pixel, col_budget), ceil_div(P, max_rows)});
   const int64_t n = ceil_div(P, pieces);
   for (int64_t b = 0; b < g.batch; ++b) {
     for (int64_t p0 = 0; p0 < P; p0 += n) chunks.push_back({b, 1, p0, std::min(n, P - p0)});
@@ -433,13 +507,64 @@ ColumnLayout column_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v
   L.g = g;
   L.ch = ch;
   L.one_channel = g.in_per_group() == 1;
-  L.vecs = g.in_per_group() / v;
-  // Aligned runs of width items share a (row, tap, offset group): width divides the items per
-  // group and per offset group (with one channel per group, the channels per offset group).
-  const int64_t seg = L.one_channel ? g.in_per_offset_group() : std::gcd(g.in_per_group(), g.in_per_offset_group()) / v;
-  L.width = 1;
-  while (L.width < 32 && seg % (2 * L.width) == 0) L.width *= 2;
+  L.vecs = static_cast<uint32_t>(g.in_per_group() / v);
+  L.taps = static_cast<uint32_t>(g.taps());
+  L.groups = static_cast<uint32_t>(g.groups);
+  L.n = static_cast<uint32_t>(ch.n);
   return L;
+}
+
+// The backward's tiles: 8 x 16 output pixels (fewer for a smaller output or chunk), for V
+// channels per thread.
+TileLayout tile_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v) {
+  TileLayout L;
+  L.g = g;
+  L.ch = ch;
+  L.oy0 = ch.p0 / g.out_w;
+  const int64_t out_rows = (ch.p0 + ch.n - 1) / g.out_w - L.oy0 + 1;
+  L.th = static_cast<int>(std::min<int64_t>(8, out_rows));
+  L.tw = static_cast<int>(std::min<int64_t>(16, g.out_w));
+  L.tiles_x = static_cast<int>(ceil_div(g.out_w, L.tw));
+  L.tiles = L.tiles_x * static_cast<int>(ceil_div(out_rows, L.th));
+  const int64_t seg = g.in_per_offset_group() / v;
+  L.width = 1;
+  while (L.width < kSlice / v && seg % (2 * L.width) == 0) L.width *= 2;
+  return L;
+}
+
+// Calls f(std::integral_constant<int, V>()) for the backward's V in {1, 2, 4}.
+template <typename F>
+void with_slice_width(int v, const F& f) {
+  switch (v) {
+    case 4: return f(std::integral_constant<int, 4>());
+    case 2: return f(std::integral_constant<int, 2>());
+    default: return f(std::integral_constant<int, 1>());
+  }
+}
+
+template <typename T, bool kDepthwise>
+void launch_col2im(
+    const TileLayout& L, int v, const T* gcol, const T* wt, const T* xs, const CudaOperands& o, at::opmath_type<T>* gx,
+    at::opmath_type<T>* goff, at::opmath_type<T>* gmask, at::opmath_type<T>* gw) {
+  using A = at::opmath_type<T>;
+  const int64_t blocks = static_cast<int64_t>(L.tiles) * L.ch.nb, slices = ceil_div(L.g.in_channels, kSlice);
+  TORCH_CHECK(
+      slices <= 65535, "customops: expected in_channels to be at most ", int_str(65535 * kSlice), " on CUDA, but got ",
+      int_str(L.g.in_channels));
+  const int64_t smem = (kDepthwise && gw ? L.g.taps() * kSlice : 0) * sizeof(A);
+  with_slice_width(v, [&](auto vw) {
+    constexpr int V = decltype(vw)::value;
+    const auto kernel = deform_conv2d_col2im_kernel<T, V, kDepthwise>;
+    if (smem > (48 << 10)) {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    const int threads = kCol2imThreads / cuda::kThreads * cuda::block_size("deform_conv2d_col2im_kernel");
+    kernel<<<
+        dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), threads, smem,
+        at::cuda::getCurrentCUDAStream()>>>(
+        gcol, wt, xs, o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, gx, goff, gmask, gw);
+    CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_col2im_kernel");
+  });
 }
 
 template <typename T>
@@ -534,11 +659,43 @@ struct BackwardBuffers {
   at::Tensor goff, gw, gmask;
 };
 
+// Depthwise: no columns and no GEMM; the backward kernel reads grad_out (channels-last) and
+// the weight, and sums grad_weight itself. Chunks of whole images bound the copies.
+template <typename T>
+void depthwise_backward_impl(
+    const DeformConv2dGeometry& g, const at::Tensor& grad_out, const CudaOperands& o, std::array<bool, 5> want,
+    at::Tensor& grad_input, BackwardBuffers& acc) {
+  using A = at::opmath_type<T>;
+  const int64_t C = g.in_channels, plane = g.height * g.width;
+  const int64_t gx_bytes = want[0] ? C * plane * int64_t(sizeof(A)) : 0;
+  const int64_t image_bytes = std::max<int64_t>(1, gx_bytes + o.image_copy_bytes(g) + C * g.out_pixels() * sizeof(T));
+  const int64_t nb = std::max<int64_t>(1, std::min(g.batch, kChunkBudget / image_bytes));
+  const at::Tensor wt = o.w.view({C, g.taps()}).t().contiguous();
+  at::Tensor gx_buf;
+  if (want[0])
+    gx_buf = at::empty({nb, g.height, g.width, C}, o.off.options().dtype(c10::CppTypeToScalarType<A>::value));
+  for (int64_t b0 = 0; b0 < g.batch; b0 += nb) {
+    const Chunk ch{b0, std::min(nb, g.batch - b0), 0, g.out_pixels()};
+    const at::Tensor xs = o.images(ch);
+    const at::Tensor go = grad_out.narrow(0, ch.b0, ch.nb).contiguous(at::MemoryFormat::ChannelsLast);
+    if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
+    const bool aligned = cuda::is_aligned(xs.const_data_ptr<T>(), 16) && cuda::is_aligned(go.const_data_ptr<T>(), 16);
+    const int v = vector_width<T>(g.in_per_offset_group(), aligned, std::min<int>(16, 4 * sizeof(T)));
+    launch_col2im<T, true>(
+        tile_layout(g, ch, v), v, go.const_data_ptr<T>(), wt.const_data_ptr<T>(), xs.const_data_ptr<T>(), o,
+        want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
+        want[4] ? acc.gmask.data_ptr<A>() : nullptr, want[2] ? acc.gw.data_ptr<A>() : nullptr);
+    if (want[0]) grad_input.narrow(0, ch.b0, ch.nb).copy_(gx_buf.narrow(0, 0, ch.nb).permute({0, 3, 1, 2}));
+  }
+}
+
 template <typename T>
 void backward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& grad_out, const CudaOperands& o, std::array<bool, 5> want,
     at::Tensor& grad_input, BackwardBuffers& acc) {
   using A = at::opmath_type<T>;
+  if (g.in_per_group() == 1 && g.out_per_group() == 1)
+    return depthwise_backward_impl<T>(g, grad_out, o, want, grad_input, acc);
   const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
   const int64_t gx_image_bytes = want[0] ? g.in_channels * g.height * g.width * int64_t(sizeof(A)) : 0;
   const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), gx_image_bytes + o.image_copy_bytes(g));
@@ -585,17 +742,11 @@ void backward_impl(
       at::Tensor dst = cols;
       at::bmm_out(dst, go4[ch.b0].narrow(2, ch.p0, ch.n).transpose(1, 2), o.w);
     }
-    const int v = chunk_vector_width<T>(g, xs, 16);
-    const ColumnLayout L = column_layout(g, ch, v);
-    const int64_t total = rows * g.groups * g.taps() * L.vecs;
-    with_vector_width<T>(v, [&](auto vw) {
-      constexpr int V = decltype(vw)::value;
-      const auto kernel = deform_conv2d_col2im_kernel<T, V>;
-      DEFORM_CONV2D_LAUNCH(
-          "deform_conv2d_col2im_kernel", kernel, total, col.const_data_ptr<T>(), xs.const_data_ptr<T>(),
-          o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, want[0] ? gx_buf.data_ptr<A>() : nullptr,
-          want[1] ? acc.goff.data_ptr<A>() : nullptr, want[4] ? acc.gmask.data_ptr<A>() : nullptr);
-    });
+    const int v = chunk_vector_width<T>(g, xs, std::min<int>(16, 4 * sizeof(T)));
+    launch_col2im<T, false>(
+        tile_layout(g, ch, v), v, col.const_data_ptr<T>(), nullptr, xs.const_data_ptr<T>(), o,
+        want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
+        want[4] ? acc.gmask.data_ptr<A>() : nullptr, nullptr);
     if (want[0] && ch.p0 + ch.n == P) {
       grad_input.narrow(0, ch.b0, ch.nb).copy_(gx_buf.narrow(0, 0, ch.nb).permute({0, 3, 1, 2}));
     }
