@@ -237,6 +237,9 @@ constexpr int kSlice = 32;
 // Threads per block: more (pixel, tap) tasks in flight per tile than 256 (measured faster);
 // the launch bound keeps the float64 kernels (more registers) launchable at this size.
 constexpr int kCol2imThreads = 1024;
+// Channels per col2im thread, at most (the kSlice channels of a (pixel, tap) take kSlice / V
+// threads).
+constexpr int kCol2imMaxV = 4;
 
 struct TileLayout {
   DeformConv2dGeometry g;
@@ -421,7 +424,7 @@ __global__ void deform_conv2d_depthwise_kernel(
 // (the channels per group and per offset group, so that an item never straddles either),
 // with 16-byte-aligned data. More channels per item spread a sampling point's index
 // arithmetic over more loads (im2col: up to 64 bytes); col2im, bound by its atomics, runs
-// faster with more, smaller items (16 bytes).
+// faster with more, smaller items (kCol2imMaxV channels, at most 16 bytes).
 template <typename T>
 int vector_width(int64_t channels, bool aligned, int max_bytes = 64) {
   int v = aligned ? max_bytes / static_cast<int>(sizeof(T)) : 1;
@@ -429,23 +432,26 @@ int vector_width(int64_t channels, bool aligned, int max_bytes = 64) {
   return v;
 }
 
-// Calls f(std::integral_constant<int, V>()) with V = v, v a power of two that
-// vector_width<T> can return.
-template <typename T, typename F>
+// Calls f(std::integral_constant<int, V>()) with V = v, v a power of two up to kMax that
+// vector_width<T> can return (only those V are instantiated).
+template <typename T, int kMax = 64 / static_cast<int>(sizeof(T)), typename F>
 void with_vector_width(int v, const F& f) {
-  constexpr int kMax = 4 * 16 / static_cast<int>(sizeof(T));
   if constexpr (kMax >= 32) {
     if (v == 32) return f(std::integral_constant<int, 32>());
   }
   if constexpr (kMax >= 16) {
     if (v == 16) return f(std::integral_constant<int, 16>());
   }
-  switch (v) {
-    case 8: return f(std::integral_constant<int, 8>());
-    case 4: return f(std::integral_constant<int, 4>());
-    case 2: return f(std::integral_constant<int, 2>());
-    default: return f(std::integral_constant<int, 1>());
+  if constexpr (kMax >= 8) {
+    if (v == 8) return f(std::integral_constant<int, 8>());
   }
+  if constexpr (kMax >= 4) {
+    if (v == 4) return f(std::integral_constant<int, 4>());
+  }
+  if constexpr (kMax >= 2) {
+    if (v == 2) return f(std::integral_constant<int, 2>());
+  }
+  return f(std::integral_constant<int, 1>());
 }
 
 // The chunks of a call: whole images while one image's share fits the budget and there is a
@@ -532,14 +538,10 @@ TileLayout tile_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v) {
   return L;
 }
 
-// Calls f(std::integral_constant<int, V>()) for the backward's V in {1, 2, 4}.
-template <typename F>
-void with_slice_width(int v, const F& f) {
-  switch (v) {
-    case 4: return f(std::integral_constant<int, 4>());
-    case 2: return f(std::integral_constant<int, 2>());
-    default: return f(std::integral_constant<int, 1>());
-  }
+// Bytes per col2im thread for vector_width: kCol2imMaxV channels, at most 16 bytes.
+template <typename T>
+constexpr int col2im_max_bytes() {
+  return std::min<int>(16, kCol2imMaxV * static_cast<int>(sizeof(T)));
 }
 
 template <typename T, bool kDepthwise>
@@ -552,7 +554,7 @@ void launch_col2im(
       slices <= 65535, "customops: expected in_channels to be at most ", int_str(65535 * kSlice), " on CUDA, but got ",
       int_str(L.g.in_channels));
   const int64_t smem = (kDepthwise && gw ? L.g.taps() * kSlice : 0) * sizeof(A);
-  with_slice_width(v, [&](auto vw) {
+  with_vector_width<T, kCol2imMaxV>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
     const auto kernel = deform_conv2d_col2im_kernel<T, V, kDepthwise>;
     if (smem > (48 << 10)) {
@@ -680,7 +682,7 @@ void depthwise_backward_impl(
     const at::Tensor go = grad_out.narrow(0, ch.b0, ch.nb).contiguous(at::MemoryFormat::ChannelsLast);
     if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     const bool aligned = cuda::is_aligned(xs.const_data_ptr<T>(), 16) && cuda::is_aligned(go.const_data_ptr<T>(), 16);
-    const int v = vector_width<T>(g.in_per_offset_group(), aligned, std::min<int>(16, 4 * sizeof(T)));
+    const int v = vector_width<T>(g.in_per_offset_group(), aligned, col2im_max_bytes<T>());
     launch_col2im<T, true>(
         tile_layout(g, ch, v), v, go.const_data_ptr<T>(), wt.const_data_ptr<T>(), xs.const_data_ptr<T>(), o,
         want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
@@ -742,7 +744,7 @@ void backward_impl(
       at::Tensor dst = cols;
       at::bmm_out(dst, go4[ch.b0].narrow(2, ch.p0, ch.n).transpose(1, 2), o.w);
     }
-    const int v = chunk_vector_width<T>(g, xs, std::min<int>(16, 4 * sizeof(T)));
+    const int v = chunk_vector_width<T>(g, xs, col2im_max_bytes<T>());
     launch_col2im<T, false>(
         tile_layout(g, ch, v), v, col.const_data_ptr<T>(), nullptr, xs.const_data_ptr<T>(), o,
         want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
