@@ -137,7 +137,7 @@ std::string dtype_name(at::ScalarType t) {
 }
 
 // x checked against a package's "customops_inputs" record ("dtype:dim,dim,..." per input,
-// joined by '|', a dim a size "12" or a range "1-65536"), and made row-major, as the export
+// joined by '|', a dim a size "12" or a range "1-65535"), and made row-major, as the export
 // examples were. This replaces AOTI_RUNTIME_CHECK_INPUTS=1, which refuses size 1 at dims that
 // torch's own packages export as dynamic.
 at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std::string& model) {

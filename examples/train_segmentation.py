@@ -212,12 +212,15 @@ def _evaluate(model, x_test, y_test, export_dir, keep: bool) -> int:
         f"| latency per batch of {len(y_test)} (ms) |"
     )
     print("|---|---|---|---|---|---|")
+    # On CUDA, cuDNN's convolutions run in TF32 by default (torch.backends.cudnn.allow_tf32) and
+    # ONNX Runtime runs on the CPU in float32: the H200 gave logit differences up to 4.5e-3.
+    tol = 1e-3 if reference.device.type == "cpu" else 1e-2
     ok = True
     for name, logits, ms in outputs:
         p = logits.argmax(1)
         agree = (p == pred).float().mean().item()
         diff = (logits - reference).abs().max().item()
-        ok = ok and agree >= 0.9999 and diff < 1e-3
+        ok = ok and agree >= 0.9999 and diff < tol
         acc = (p == y_test).float().mean().item()
         print(f"| {name} | {acc:.4f} | {mean_iou(p, y_test):.4f} | {100 * agree:.3f}% | {diff:.2e} | {ms:.2f} |")
     for name, why in skipped.items():

@@ -87,7 +87,7 @@ def test_aoti_package_dynamic_batch(three_op_model_pt2, monkeypatch):
     runner = load_aoti(path)
     # The loader checks inputs itself, not through AOTInductor's process-wide switch.
     assert "AOTI_RUNTIME_CHECK_INPUTS" not in os.environ
-    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65536,12"
+    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65535,12"
     for b in BATCHES:
         x = torch.randn(b, 12)
         torch.testing.assert_close(runner(x), model(x))
@@ -97,7 +97,7 @@ def test_aoti_package_dynamic_batch(three_op_model_pt2, monkeypatch):
         torch.testing.assert_close(runner(x), model(x))
     # Wrong rank, feature count, dtype, input count: refused (not read out of bounds), naming
     # the input, its shape and dtype, and what the package takes.
-    expects = r"it expects dtype float32 and shape \[1-65536, 12\]"
+    expects = r"it expects dtype float32 and shape \[1-65535, 12\]"
     with pytest.raises(RuntimeError, match=r"refused input 0 of shape \[12\] and dtype float32: " + expects):
         runner(torch.randn(12))
     with pytest.raises(RuntimeError, match=r"refused input 0 of shape \[4, 13\] and dtype float32: " + expects):
@@ -175,11 +175,11 @@ def test_dynamic_time_dim_torchscript(sequence_exports):
 def test_dynamic_time_dim_aoti(sequence_exports):
     model, paths = sequence_exports
     runner = load_aoti(paths["pt2"])
-    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65536,1-65536,6"
+    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65535,1-65536,6"
     for shape in SEQUENCE_SHAPES:
         x = torch.randn(shape)
         torch.testing.assert_close(runner(x), model(x))
-    with pytest.raises(RuntimeError, match=r"shape \[2, 7, 5\] and dtype float32: .*\[1-65536, 1-65536, 6\]"):
+    with pytest.raises(RuntimeError, match=r"shape \[2, 7, 5\] and dtype float32: .*\[1-65535, 1-65536, 6\]"):
         runner(torch.randn(2, 7, 5))
 
 
@@ -509,3 +509,18 @@ def test_triton_repository_of_an_input_without_batch_dimension_says_so(model, tm
     with pytest.raises(ValueError, match="a 1-D input has no batch dimension"):
         export_model(model, torch.randn(12), str(tmp_path), formats=("pt",))
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the batch limit is CUDA's)")
+def test_cuda_batchnorm_model_exports_with_the_default_batch_range():
+    # On CUDA, eval-mode BatchNorm guards batch <= 65535 (cuDNN); the default range must fit it.
+    from customops.export._common import _dynamic_spec, _export_program
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU()).cuda().eval()
+    inputs, shapes, ranges = _dynamic_spec(
+        (torch.randn(4, 3, 16, 16, device="cuda"),), (0,), customops.export.DEFAULT_MAX_BATCH, 16
+    )
+    program = _export_program(net, inputs, shapes)
+    x = torch.randn(5, 3, 16, 16, device="cuda")
+    torch.testing.assert_close(program.module()(x), net(x))
+    assert ranges == [{0: (1, customops.export.DEFAULT_MAX_BATCH)}]

@@ -7,7 +7,7 @@
 MODEL is ``package.module:callable`` or ``path/to/file.py:callable``; the callable returns the
 nn.Module (its weights then come from --state-dict, a torch.save'd state_dict). --input-shape
 gives one example input; --dynamic
-lists its dimensions exported as dynamic: by default 0, the batch (1..65536); any other
+lists its dimensions exported as dynamic: by default 0, the batch (1..65535); any other
 dimension listed gets 1..65536. Beside the files, OUT/triton/ holds Triton Inference Server
 model repositories (pytorch/ for the PyTorch backend with LD_PRELOAD, python/ for the Python
 backend; OUT/triton/README.md gives the command lines).

@@ -14,13 +14,15 @@ import torch
 from torch import nn
 
 FORMATS = ("pt", "pt2", "onnx")
-DEFAULT_MAX_BATCH = 1 << 16
+# The batch's upper bound: 65535, not 65536, because torch's CUDA paths branch there (cuDNN's
+# inference BatchNorm takes at most 65535 rows), so a wider range fails to export a CUDA model.
+DEFAULT_MAX_BATCH = 65535
 # Upper bound of each dynamic dimension other than the batch (a sequence length, say); the
 # exporters' max_dim= raises it.
 DEFAULT_MAX_DIM = 1 << 16
 # The key of an AOTInductor package's metadata under which export_aoti records its inputs:
 # one "dtype:dim,dim,..." entry per input, joined by '|', where a dim is a fixed size ("12")
-# or a dynamic range ("1-65536"); e.g. "float32:1-65536,12". customops_serve parses it too.
+# or a dynamic range ("1-65535"); e.g. "float32:1-65535,12". customops_serve parses it too.
 INPUTS_METADATA_KEY = "customops_inputs"
 
 
