@@ -238,8 +238,10 @@ __global__ void deform_conv2d_im2col_kernel(
 // straight into gx: a shared-memory accumulator per tile is slower on the H200, where a float
 // atomicAdd on shared memory is a compare-and-swap loop (docs/deform_conv2d.md).
 constexpr int kSlice = 32;
-// Threads per block: more (pixel, tap) tasks in flight per tile than 256 (measured faster);
-// the launch bound keeps the float64 kernels (more registers) launchable at this size.
+// Threads per block: more (pixel, tap) tasks in flight per tile than 256 (measured faster).
+// Only the float64 kernels carry a launch bound (their registers, at this size): the bound
+// changes the others' register allocation, and the backward ran 3 to 10% slower in the run
+// after it was added to all of them.
 constexpr int kCol2imThreads = 1024;
 // Channels per col2im thread, at most (the kSlice channels of a (pixel, tap) take kSlice / V
 // threads).
@@ -259,7 +261,7 @@ struct TileLayout {
 // (pixel, tap, offset group) by warp shuffles and added atomically into goff and gmask (the
 // shapes of offset and mask, contiguous, opmath); kDepthwise: grad_weight into gw (C, kh * kw).
 template <typename T, int V, bool kDepthwise>
-__global__ void __launch_bounds__(kCol2imThreads) deform_conv2d_col2im_kernel(
+__device__ __forceinline__ void col2im_body(
     const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
     const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
     at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
@@ -370,6 +372,22 @@ __global__ void __launch_bounds__(kCol2imThreads) deform_conv2d_col2im_kernel(
       if (v != A(0)) atomicAdd(gw + (c + j) * taps + k, v);
     }
   }
+}
+
+template <typename T, int V, bool kDepthwise>
+__global__ void deform_conv2d_col2im_kernel(
+    const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
+    const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
+    at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
+  col2im_body<T, V, kDepthwise>(gcol, wt, xs, off, msk, L, gx, goff, gmask, gw);
+}
+// float64 needs more than 64 registers per thread unbounded, too many for 1024 threads.
+template <typename T, int V, bool kDepthwise>
+__global__ void __launch_bounds__(kCol2imThreads) deform_conv2d_col2im_kernel_bounded(
+    const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
+    const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
+    at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
+  col2im_body<T, V, kDepthwise>(gcol, wt, xs, off, msk, L, gx, goff, gmask, gw);
 }
 
 // Depthwise (groups = in_channels = out_channels): out[b, c, p] = bias[c] + sum over taps k
@@ -560,7 +578,13 @@ void launch_col2im(
   const int64_t smem = (kDepthwise && gw ? L.g.taps() * kSlice : 0) * sizeof(A);
   with_vector_width<T, kCol2imMaxV>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
-    const auto kernel = deform_conv2d_col2im_kernel<T, V, kDepthwise>;
+    const auto kernel = [] {
+      if constexpr (std::is_same<T, double>::value) {
+        return deform_conv2d_col2im_kernel_bounded<T, V, kDepthwise>;
+      } else {
+        return deform_conv2d_col2im_kernel<T, V, kDepthwise>;
+      }
+    }();
     if (smem > (48 << 10)) {
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }
