@@ -239,9 +239,9 @@ __global__ void deform_conv2d_im2col_kernel(
 // atomicAdd on shared memory is a compare-and-swap loop (docs/deform_conv2d.md).
 constexpr int kSlice = 32;
 // Threads per block: more (pixel, tap) tasks in flight per tile than 256 (measured faster).
-// Only the float64 kernels carry a launch bound (their registers, at this size): the bound
-// changes the others' register allocation, and the backward ran 3 to 10% slower in the run
-// after it was added to all of them.
+// No launch bound: it changed the kernels' register allocation, and the backward ran 3 to 10%
+// slower in the run after it was added. A kernel whose registers do not allow this many threads
+// (float64, or another architecture's compilation) runs with as many as it allows.
 constexpr int kCol2imThreads = 1024;
 // Channels per col2im thread, at most (the kSlice channels of a (pixel, tap) take kSlice / V
 // threads).
@@ -261,7 +261,7 @@ struct TileLayout {
 // (pixel, tap, offset group) by warp shuffles and added atomically into goff and gmask (the
 // shapes of offset and mask, contiguous, opmath); kDepthwise: grad_weight into gw (C, kh * kw).
 template <typename T, int V, bool kDepthwise>
-__device__ __forceinline__ void col2im_body(
+__global__ void deform_conv2d_col2im_kernel(
     const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
     const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
     at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
@@ -372,22 +372,6 @@ __device__ __forceinline__ void col2im_body(
       if (v != A(0)) atomicAdd(gw + (c + j) * taps + k, v);
     }
   }
-}
-
-template <typename T, int V, bool kDepthwise>
-__global__ void deform_conv2d_col2im_kernel(
-    const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
-    const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
-    at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
-  col2im_body<T, V, kDepthwise>(gcol, wt, xs, off, msk, L, gx, goff, gmask, gw);
-}
-// float64 needs more than 64 registers per thread unbounded, too many for 1024 threads.
-template <typename T, int V, bool kDepthwise>
-__global__ void __launch_bounds__(kCol2imThreads) deform_conv2d_col2im_kernel_bounded(
-    const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
-    const T* __restrict__ msk, TileLayout L, at::opmath_type<T>* __restrict__ gx, at::opmath_type<T>* __restrict__ goff,
-    at::opmath_type<T>* __restrict__ gmask, at::opmath_type<T>* __restrict__ gw) {
-  col2im_body<T, V, kDepthwise>(gcol, wt, xs, off, msk, L, gx, goff, gmask, gw);
 }
 
 // Depthwise (groups = in_channels = out_channels): out[b, c, p] = bias[c] + sum over taps k
@@ -578,17 +562,16 @@ void launch_col2im(
   const int64_t smem = (kDepthwise && gw ? L.g.taps() * kSlice : 0) * sizeof(A);
   with_vector_width<T, kCol2imMaxV>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
-    const auto kernel = [] {
-      if constexpr (std::is_same<T, double>::value) {
-        return deform_conv2d_col2im_kernel_bounded<T, V, kDepthwise>;
-      } else {
-        return deform_conv2d_col2im_kernel<T, V, kDepthwise>;
-      }
-    }();
+    const auto kernel = deform_conv2d_col2im_kernel<T, V, kDepthwise>;
     if (smem > (48 << 10)) {
       C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     }
-    const int threads = kCol2imThreads / cuda::kThreads * cuda::block_size("deform_conv2d_col2im_kernel");
+    int threads = kCol2imThreads / cuda::kThreads * cuda::block_size("deform_conv2d_col2im_kernel");
+    if (threads == kCol2imThreads) {  // not the failed-launch test's block size
+      cudaFuncAttributes attr;
+      C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+      threads = std::min(threads, attr.maxThreadsPerBlock / 32 * 32);  // whole warps: kLanes divides 32
+    }
     kernel<<<
         dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), threads, smem,
         at::cuda::getCurrentCUDAStream()>>>(
