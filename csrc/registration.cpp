@@ -125,16 +125,20 @@ void define_schemas(torch::Library& m) {
   // torchvision.ops.deform_conv2d's semantics, arguments and defaults: groups =
   // input.shape[1] / weight.shape[1], offset_groups = offset.shape[1] / (2 * kh * kw), mask
   // None for DCNv1. Formula: csrc/ops/deform_conv2d/deform_conv2d.h.
+  // flexible_layout: the kernels take any strides, so Inductor need not give the inputs eager's
+  // exact strides (whose guards on the sizes recompiled a compiled module at every new size).
   m.def(
       "deform_conv2d(Tensor input, Tensor offset, Tensor weight, Tensor? bias=None, int[2] stride=1, "
-      "int[2] padding=0, int[2] dilation=1, Tensor? mask=None) -> Tensor");
+      "int[2] padding=0, int[2] dilation=1, Tensor? mask=None) -> Tensor",
+      {at::Tag::flexible_layout});
   // Gradients w.r.t. input, offset, weight, bias and mask, recomputed from the inputs (no
   // column buffer is saved). An output whose output_mask entry is false, and grad_mask
   // when mask is None, is returned as an empty tensor.
   m.def(
       "deform_conv2d_backward(Tensor grad_out, Tensor input, Tensor offset, Tensor weight, Tensor? mask, "
       "int[2] stride, int[2] padding, int[2] dilation, bool[5] output_mask) -> (Tensor grad_input, "
-      "Tensor grad_offset, Tensor grad_weight, Tensor grad_bias, Tensor grad_mask)");
+      "Tensor grad_offset, Tensor grad_weight, Tensor grad_bias, Tensor grad_mask)",
+      {at::Tag::flexible_layout});
 }
 
 }  // namespace

@@ -229,7 +229,8 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
     """Replaces, in place, every :class:`torchvision.ops.DeformConv2d` inside ``model`` (at any
     depth, ``model`` itself excepted) with a :class:`DeformConv2d` that shares its parameters
     (same tensors, no copy), so state_dict keys, training state and optimizers' references stay
-    the same; returns the number replaced. Subclasses of torchvision's class, and modules with
+    the same; returns the number of modules replaced (a module held under two names counts once
+    and stays one module). Subclasses of torchvision's class, and modules with
     forward hooks or pre-hooks, are left alone (they may compute something else, and hooks
     would be dropped); so are calls of the function ``torchvision.ops.deform_conv2d`` in a
     custom ``forward``, which no module tree shows. Does not import torchvision: a model holding
@@ -239,10 +240,13 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
     tv_class = getattr(module, "DeformConv2d", None)
     if tv_class is None:
         return 0
-    replaced = 0
+    replacements = {}  # id of a torchvision module -> its replacement: a module held twice stays one
     for parent in model.modules():
         for name, child in list(parent._modules.items()):
             if type(child) is not tv_class or _has_hooks(child):
+                continue
+            if id(child) in replacements:
+                parent._modules[name] = replacements[id(child)]
                 continue
             new = DeformConv2d.__new__(DeformConv2d)
             nn.Module.__init__(new)
@@ -256,6 +260,5 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
             else:
                 new.register_parameter("bias", None)
             new.train(child.training)
-            parent._modules[name] = new
-            replaced += 1
-    return replaced
+            parent._modules[name] = replacements[id(child)] = new
+    return len(replacements)

@@ -99,6 +99,11 @@ def test_module_has_torchvisions_state_dict_and_converts():
     weight = model[0].weight
     assert customops.nn.replace_torchvision_deform_conv2d(model) == 1
     assert type(model[0]) is customops.nn.DeformConv2d and model[0].weight is weight
+    # A module held under two names is replaced once and stays one module.
+    model = torch.nn.Sequential(tvops.DeformConv2d(6, 4, 3, padding=1))
+    model.alias = model[0]
+    assert customops.nn.replace_torchvision_deform_conv2d(model) == 1
+    assert type(model.alias) is customops.nn.DeformConv2d and model.alias is model[0]
 
 
 def test_zero_offsets_without_mask_are_conv2d():
@@ -195,6 +200,50 @@ def test_compile_over_batch_and_spatial_sizes_does_not_recompile():
         for B, H, W in [(3, 9, 6), (4, 12, 12), (5, 6, 10)]:
             kw = _inputs(B=B, H=H, W=W, dtype=torch.float32, seed=B)
             torch.testing.assert_close(fn(**kw), customops.deform_conv2d(**kw))
+    torch._dynamo.reset()
+
+
+def test_int_stride_padding_dilation_under_compile_and_torchscript():
+    # Ints as the wrapper's arguments: under dynamic shapes dynamo passes them as SymInts.
+    kw = _inputs(B=2, C=4, H=9, W=11, C_out=3, groups=1, og=1, mask=False, stride=(2, 2), pad=(1, 1), dil=(2, 2))
+    x, offset, weight = kw["input"], kw["offset"], kw["weight"]
+    expected = customops.deform_conv2d(x, offset, weight, None, (2, 2), (1, 1), (2, 2))
+
+    def fn(x, offset, weight, s: int, p: int, d: int):
+        return customops.deform_conv2d(x, offset, weight, None, s, p, d)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    torch.testing.assert_close(compiled(x, offset, weight, 2, 1, 2), expected)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.jit.script(fn)(x, offset, weight, 2, 1, 2), expected)
+
+
+def test_compiled_module_trains_with_flexible_input_layouts():
+    # Without flexible_layout, Inductor gives a custom op's inputs eager's exact strides, and
+    # those strides' guards on the sizes recompiled a compiled modulated layer at every size
+    # (this torch's CPU conv2d, the offset convolution, adds guards of its own, so the test
+    # checks the tag and the results, not the recompiles).
+    for op in (torch.ops.customops.deform_conv2d, torch.ops.customops.deform_conv2d_backward):
+        assert torch.Tag.flexible_layout in op.default.tags
+    torch.manual_seed(0)
+    m = customops.nn.ModulatedDeformConv2d(6, 5, 3, padding=1).double()
+    with torch.no_grad():
+        m.conv_offset.weight.normal_(0, 0.1)  # offsets that are not the plain grid
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True, dynamic=True)
+    for B, H, W in [(2, 11, 13), (3, 9, 7), (4, 16, 20)]:
+        x = torch.randn(B, 6, H, W, dtype=torch.float64, requires_grad=True)
+        x = x if B != 3 else x.to(memory_format=torch.channels_last)
+        out, expected = compiled(x), m(x)
+        torch.testing.assert_close(out, expected)
+        params = (x, m.weight, m.conv_offset.weight)
+        got, want = (
+            torch.autograd.grad(out.square().sum(), params),
+            torch.autograd.grad(expected.square().sum(), params),
+        )
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
     torch._dynamo.reset()
 
 

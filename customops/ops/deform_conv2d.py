@@ -4,7 +4,7 @@ Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd) and the formula:
 csrc/ops/deform_conv2d/.
 """
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -17,9 +17,9 @@ def deform_conv2d(
     offset: Tensor,
     weight: Tensor,
     bias: Optional[Tensor] = None,
-    stride: Tuple[int, int] = (1, 1),
-    padding: Tuple[int, int] = (0, 0),
-    dilation: Tuple[int, int] = (1, 1),
+    stride: Union[int, Tuple[int, int]] = (1, 1),
+    padding: Union[int, Tuple[int, int]] = (0, 0),
+    dilation: Union[int, Tuple[int, int]] = (1, 1),
     mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Deformable convolution (DCNv1), modulated when ``mask`` is given (DCNv2).
@@ -65,9 +65,9 @@ def deform_conv2d(
             rank; ``C_in`` not a multiple of ``weight.shape[1]`` or of ``offset_groups``;
             ``C_out`` not a multiple of ``groups``; ``offset.shape[1]`` not a positive multiple
             of ``2 kh kw``; ``offset``'s or ``mask``'s batch, channels or spatial size not those
-            expected; ``bias`` not ``(C_out,)``; stride or dilation < 1, padding < 0; an output
-            size <= 0. The message names the argument and what was expected (the same under
-            torch.compile and torch.export).
+            expected; ``bias`` not ``(C_out,)``; stride or dilation < 1, padding < 0, any of
+            them over 2**31 - 1; an output size <= 0. The message names the argument and what
+            was expected (the same under torch.compile and torch.export).
 
     Autograd: gradients w.r.t. ``input``, ``offset``, ``weight``, ``bias`` and ``mask``
     (only those required are computed), by ``customops::deform_conv2d_backward``, which
@@ -75,16 +75,31 @@ def deform_conv2d(
     that of the bilinear formula, one-sided at integer sampling positions (as torchvision's).
     Double backward is not implemented (it raises a RuntimeError saying so).
     """
-    return torch.ops.customops.deform_conv2d(input, offset, weight, bias, stride, padding, dilation, mask)
+    # Pairs: under torch.compile with dynamic shapes an int argument arrives as a SymInt, which
+    # the schema's int[2] does not broadcast.
+    return torch.ops.customops.deform_conv2d(
+        input, offset, weight, bias, _pair(stride), _pair(padding), _pair(dilation), mask
+    )
 
 
-def _pair(v) -> List[int]:
-    return [v, v] if isinstance(v, int) else list(v)
+# Bounds stride, padding and dilation so that the output size's arithmetic cannot overflow int64
+# (csrc/ops/deform_conv2d/deform_conv2d.h too).
+_MAX_PARAM = 2147483647
+
+
+def _pair(v: Union[int, Tuple[int, int]]) -> List[int]:
+    if isinstance(v, int):
+        return [v, v]
+    return [v[0], v[1]] if len(v) == 2 else list(v)
 
 
 def _check_pair(v, name, low, what):
     torch._check(len(v) == 2, lambda: f"customops: expected {name} to be an int or a pair of ints, but got {list(v)}")
     torch._check(v[0] >= low and v[1] >= low, lambda: f"customops: expected {name} to be {what}, but got {list(v)}")
+    torch._check(
+        v[0] <= _MAX_PARAM and v[1] <= _MAX_PARAM,
+        lambda: f"customops: expected {name} to be at most {_MAX_PARAM}, but got {list(v)}",
+    )
 
 
 def _check_dims(t, name, n, what):

@@ -587,6 +587,8 @@ def deform_conv2d_errors(device):
     yield ErrorInput(call(stride=[1, 0]), "stride", (">= 1", "[1, 0]"), fake_refuses=True)
     yield ErrorInput(call(dilation=[0, 1]), "dilation", (">= 1", "[0, 1]"), fake_refuses=True)
     yield ErrorInput(call(padding=[-1, 1]), "padding", (">= 0", "[-1, 1]"), fake_refuses=True)
+    # Large enough to overflow the output size's int64 arithmetic.
+    yield ErrorInput(call(stride=[1, 2**62]), "stride", ("at most 2147483647",), fake_refuses=True)
     yield ErrorInput(call(stride=[1, 1, 1]), "stride", ("a pair of ints", "[1, 1, 1]"), fake_refuses=True)
     yield ErrorInput(
         SampleInput(

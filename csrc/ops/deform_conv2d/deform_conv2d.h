@@ -61,9 +61,15 @@ inline int64_t floor_div(int64_t a, int64_t b) {
   return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
 }
 
+constexpr int64_t kMaxDeformConv2dParam = 2147483647;  // customops/ops/deform_conv2d.py too
+
 inline void check_deform_conv2d_pair(at::IntArrayRef v, const char* name, int64_t min, const char* what) {
   TORCH_CHECK(v.size() == 2, "customops: expected ", name, " to be an int or a pair of ints, but got ", shape_str(v));
   TORCH_CHECK(v[0] >= min && v[1] >= min, "customops: expected ", name, " to be ", what, ", but got ", shape_str(v));
+  // Bounded so that the output size's arithmetic cannot overflow int64.
+  TORCH_CHECK(
+      v[0] <= kMaxDeformConv2dParam && v[1] <= kMaxDeformConv2dParam, "customops: expected ", name, " to be at most ",
+      int_str(kMaxDeformConv2dParam), ", but got ", shape_str(v));
 }
 
 inline void check_deform_conv2d_tensor(const at::Tensor& t, const char* name, const at::Tensor& input) {
