@@ -7,7 +7,8 @@
 // than once per channel. Per image and per chunk of output pixels (a column buffer of
 // chunk x in_channels * kh * kw values, about kColumnBudget bytes):
 //   forward: im2col (parallel over pixels), then one GEMM per group, written straight
-//     into the output (at::mm_out, BLAS).
+//     into the output (at::mm_out, BLAS); depthwise: direct, a vector loop over channels
+//     per (pixel, tap), no columns.
 //   backward: the columns again and grad_weight += grad_out x columns (GEMM); grad columns
 //     = grad_out^T x weight (GEMM) over the same buffer; grad_input by col2im, parallel
 //     over input channels (each thread owns its channels: no races, and the same result
@@ -146,6 +147,21 @@ C10_ALWAYS_INLINE void sample4(
   for (; i < n; ++i) dst[i] = wa * a[i] + wb * b[i] + wc * c[i] + wd * d[i];
 }
 
+// acc[i] += w[i] (wa a[i] + wb b[i] + wc c[i] + wd d[i]): one depthwise tap over n channels.
+template <typename T>
+C10_ALWAYS_INLINE void weighted_sample4(
+    T* __restrict__ acc, const T* __restrict__ w, const T* __restrict__ a, const T* __restrict__ b,
+    const T* __restrict__ c, const T* __restrict__ d, T wa, T wb, T wc, T wd, int64_t n) {
+  using S = Simd<T>;
+  const typename S::V va = S::splat(wa), vb = S::splat(wb), vc = S::splat(wc), vd = S::splat(wd);
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) {
+    const typename S::V v = va * S::load(a + i) + vb * S::load(b + i) + vc * S::load(c + i) + vd * S::load(d + i);
+    S::store(acc + i, S::load(acc + i) + S::load(w + i) * v);
+  }
+  for (; i < n; ++i) acc[i] += w[i] * (wa * a[i] + wb * b[i] + wc * c[i] + wd * d[i]);
+}
+
 // dst[i] += w src[i].
 template <typename T>
 C10_ALWAYS_INLINE void axpy(T* __restrict__ dst, const T* __restrict__ src, T w, int64_t n) {
@@ -209,6 +225,33 @@ C10_ALWAYS_INLINE void im2col_body(
               sample4(dst, s[0] + c, s[1] + c, s[2] + c, s[3] + c, w[0], w[1], w[2], w[3], run.n);
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// Depthwise (groups = in_channels = out_channels): out (out_pixels, in_channels) rows
+// p in [r0, r1) of sum over taps k of wt[k, c] * mask * bilinear(x[., c], tap k), with wt
+// (kh * kw, in_channels). No columns: im2col's runs would be one channel long, and each
+// group's GEMM a dot product of kh * kw values.
+template <typename T>
+C10_ALWAYS_INLINE void depthwise_body(const Image<T>& im, const T* wt, int64_t r0, int64_t r1, T* out) {
+  const DeformConv2dGeometry& g = im.g;
+  const int64_t C = g.in_channels, cog = g.in_per_offset_group();
+  for (int64_t p = r0; p < r1; ++p) {
+    const int64_t oy = p / g.out_w, ox = p - oy * g.out_w;
+    T* acc = out + p * C;
+    std::fill(acc, acc + C, T(0));
+    for (int64_t og = 0, c = 0; og < g.offset_groups; ++og, c += cog) {
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, og * g.taps() + k, &m);
+          if (!t.inside) continue;
+          weighted_sample4(
+              acc + c, wt + k * C + c, im.pixel(t.idx[0]) + c, im.pixel(t.idx[1]) + c, im.pixel(t.idx[2]) + c,
+              im.pixel(t.idx[3]) + c, m * t.w[0], m * t.w[1], m * t.w[2], m * t.w[3], cog);
         }
       }
     }
@@ -294,6 +337,10 @@ void col2im_base(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, in
   col2im_body(im, p0, rows, gcol, c0, c1, gx);
 }
 template <typename T>
+void depthwise_base(const Image<T>& im, const T* wt, int64_t r0, int64_t r1, T* out) {
+  depthwise_body(im, wt, r0, r1, out);
+}
+template <typename T>
 void coord_grad_base(
     const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, const T* gcol, T* goff, T* gmask) {
   coord_grad_body(im, runs, p0, r0, r1, gcol, goff, gmask);
@@ -304,6 +351,10 @@ template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void im2col_avx2(
     const Image<T>& im, const Runs& runs, int64_t p0, int64_t r0, int64_t r1, T* col) {
   im2col_body(im, runs, p0, r0, r1, col);
+}
+template <typename T>
+CUSTOMOPS_DC_TARGET_AVX2 void depthwise_avx2(const Image<T>& im, const T* wt, int64_t r0, int64_t r1, T* out) {
+  depthwise_body(im, wt, r0, r1, out);
 }
 template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void col2im_avx2(
@@ -330,6 +381,17 @@ void im2col(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, T* c
     if (cpu_has_avx2()) return im2col_avx2(im, runs, p0, r0, r1, col);
 #endif
     im2col_base(im, runs, p0, r0, r1, col);
+  });
+}
+
+template <typename T>
+void depthwise(const Image<T>& im, const T* wt, T* out) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
+  at::parallel_for(0, im.g.out_pixels(), grain, [&](int64_t r0, int64_t r1) {
+#if CUSTOMOPS_DC_AVX2
+    if (cpu_has_avx2()) return depthwise_avx2(im, wt, r0, r1, out);
+#endif
+    depthwise_base(im, wt, r0, r1, out);
   });
 }
 
@@ -394,22 +456,33 @@ at::Tensor forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const auto ct = c10::CppTypeToScalarType<T>::value;
-  const Operands<T> ops(g, input, offset, weight, mask, true);
+  const bool is_depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
+  const Operands<T> ops(g, input, offset, weight, mask, !is_depthwise);
   at::Tensor out_t = out.scalar_type() == ct ? out : at::empty(out.sizes(), out.options().dtype(ct));
   const at::Tensor out3 = out_t.view({g.batch, g.out_channels, g.out_pixels()});
-  const ColumnLayout L(g);
-  const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
-  at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
-  const Runs runs = runs_by_offset_group(g);
-  for (int64_t b = 0; b < g.batch; ++b) {
-    const Image<T> im = ops.image(b);
-    for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
-      const int64_t n = std::min(chunk, g.out_pixels() - p0);
-      im2col(im, runs, p0, n, col.data_ptr<T>());
-      const at::Tensor cols = col.narrow(0, 0, n);
-      for (int64_t gc = 0; gc < g.groups; ++gc) {
-        at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-        at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
+  if (is_depthwise) {
+    const at::Tensor wt = weight.to(ct).reshape({g.in_channels, g.taps()}).t().contiguous();
+    at::Tensor rows =
+        at::empty({g.out_pixels(), g.in_channels}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+    for (int64_t b = 0; b < g.batch; ++b) {
+      depthwise(ops.image(b), wt.const_data_ptr<T>(), rows.data_ptr<T>());
+      out3[b].copy_(rows.t());
+    }
+  } else {
+    const ColumnLayout L(g);
+    const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
+    at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+    const Runs runs = runs_by_offset_group(g);
+    for (int64_t b = 0; b < g.batch; ++b) {
+      const Image<T> im = ops.image(b);
+      for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
+        const int64_t n = std::min(chunk, g.out_pixels() - p0);
+        im2col(im, runs, p0, n, col.data_ptr<T>());
+        const at::Tensor cols = col.narrow(0, 0, n);
+        for (int64_t gc = 0; gc < g.groups; ++gc) {
+          at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+          at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
+        }
       }
     }
   }
