@@ -35,6 +35,7 @@ TF32 = "float32, TF32"
 CPU_SHAPES = [
     (1, 64, 64, 64, 64, 1, 1, torch.float32, False),
     (2, 128, 32, 32, 128, 1, 1, torch.float32, False),
+    (1, 256, 32, 32, 256, 256, 1, torch.float32, False),  # depthwise
 ]
 CUDA_SHAPES = [
     (8, 256, 64, 64, 256, 1, 1, torch.float32, False),

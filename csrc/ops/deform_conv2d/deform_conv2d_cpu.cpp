@@ -68,24 +68,31 @@ struct Image {
 
 // Column buffer layout, one row per output pixel: [group][tap][channel within group], so
 // that each group's (kh * kw * in_channels / groups) columns are contiguous and match the
-// weight permuted to (out_channels, kh, kw, in_channels / groups).
+// weight permuted to (out_channels, kh, kw, in_channels / groups). Depthwise (one input and
+// one output channel per group, no GEMM): [tap][channel], so that a tap's channels are
+// contiguous and the loops over them are vector loops, not runs of one channel.
 struct ColumnLayout {
-  int64_t row, per_group, taps, in_per_group;
+  int64_t row, per_group, taps, in_per_group, tap_stride;
+  bool depthwise;
   explicit ColumnLayout(const DeformConv2dGeometry& g)
       : row(g.in_channels * g.taps()),
         per_group(g.taps() * g.in_per_group()),
         taps(g.taps()),
-        in_per_group(g.in_per_group()) {}
+        in_per_group(g.in_per_group()),
+        tap_stride(g.in_per_group() == 1 && g.out_per_group() == 1 ? g.in_channels : g.in_per_group()),
+        depthwise(g.in_per_group() == 1 && g.out_per_group() == 1) {}
 };
 
-// A run of channels [c, c + n) of one offset group that lies in one group; its values for
-// tap k sit at base + k * in_per_group in a row of the column buffer.
+// A run of channels [c, c + n) of one offset group that lies in one group (depthwise: in
+// consecutive groups); its values for tap k sit at base + k * tap_stride in a row of the
+// column buffer.
 struct Run {
   int64_t c, n, base;
 };
 
 // The runs of the channels [lo, hi), computed once per call (no division in the inner loops).
 inline std::vector<Run> make_runs(const ColumnLayout& L, int64_t lo, int64_t hi) {
+  if (L.depthwise) return {Run{lo, hi - lo, lo}};
   std::vector<Run> runs;
   for (int64_t c = lo; c < hi;) {
     const int64_t gc = c / L.in_per_group;
@@ -217,7 +224,7 @@ C10_ALWAYS_INLINE void im2col_body(
           const T* s[4] = {im.pixel(t.idx[0]), im.pixel(t.idx[1]), im.pixel(t.idx[2]), im.pixel(t.idx[3])};
           const T w[4] = {m * t.w[0], m * t.w[1], m * t.w[2], m * t.w[3]};
           for (const Run& run : runs[og]) {
-            T* dst = row + run.base + k * L.in_per_group;
+            T* dst = row + run.base + k * L.tap_stride;
             if (!t.inside) {
               std::fill(dst, dst + run.n, T(0));
             } else {
@@ -280,7 +287,7 @@ C10_ALWAYS_INLINE void col2im_body(
             if (t.idx[q] < 0) continue;
             T* dst = gx + t.idx[q] * C;
             const T w = m * t.w[q];
-            for (const Run& run : runs) axpy(dst + run.c, row + run.base + k * L.in_per_group, w, run.n);
+            for (const Run& run : runs) axpy(dst + run.c, row + run.base + k * L.tap_stride, w, run.n);
           }
         }
       }
@@ -311,7 +318,7 @@ C10_ALWAYS_INLINE void coord_grad_body(
             T d[4] = {0, 0, 0, 0};
             for (const Run& run : runs[og]) {
               const int64_t c = run.c;
-              dot4(row + run.base + k * L.in_per_group, s[0] + c, s[1] + c, s[2] + c, s[3] + c, run.n, d);
+              dot4(row + run.base + k * L.tap_stride, s[0] + c, s[1] + c, s[2] + c, s[3] + c, run.n, d);
             }
             bilinear_tap_grads(t, d, m, &gy, &gx, &gm);
           }
@@ -527,18 +534,30 @@ void backward_impl(
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
       const int64_t n = std::min(chunk, P - p0);
       const at::Tensor cols = col.narrow(0, 0, n);
+      // Depthwise: columns (n, taps, C); each group's GEMM is a product of one channel's
+      // values, done for all channels at once by broadcasting (a GEMM per channel was slower).
+      const at::Tensor go_nc = go[b].narrow(1, p0, n).t().unsqueeze(1);  // depthwise: (n, 1, C)
       if (want[2]) {
         im2col(im, runs, p0, n, col.data_ptr<T>());
-        for (int64_t gc = 0; gc < g.groups; ++gc) {
-          const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-          gw_t[gc].addmm_(go_g, cols.narrow(1, gc * L.per_group, L.per_group));
+        if (L.depthwise) {
+          gw_t.view({g.in_channels, g.taps()}).add_((cols.view({n, g.taps(), g.in_channels}) * go_nc).sum(0).t());
+        } else {
+          for (int64_t gc = 0; gc < g.groups; ++gc) {
+            const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+            gw_t[gc].addmm_(go_g, cols.narrow(1, gc * L.per_group, L.per_group));
+          }
         }
       }
       if (!need_gcol) continue;
-      for (int64_t gc = 0; gc < g.groups; ++gc) {
-        const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-        at::Tensor dst = cols.narrow(1, gc * L.per_group, L.per_group);
-        at::mm_out(dst, go_g.t(), ops.w2[gc]);
+      if (L.depthwise) {
+        at::Tensor dst = cols.view({n, g.taps(), g.in_channels});
+        at::mul_out(dst, go_nc, ops.w2.view({g.in_channels, g.taps()}).t().unsqueeze(0));
+      } else {
+        for (int64_t gc = 0; gc < g.groups; ++gc) {
+          const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+          at::Tensor dst = cols.narrow(1, gc * L.per_group, L.per_group);
+          at::mm_out(dst, go_g.t(), ops.w2[gc]);
+        }
       }
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
