@@ -72,15 +72,16 @@ struct Image {
 // one output channel per group, no GEMM): [tap][channel], so that a tap's channels are
 // contiguous and the loops over them are vector loops, not runs of one channel.
 struct ColumnLayout {
-  int64_t row, per_group, taps, in_per_group, tap_stride;
+  int64_t row, per_group, taps, in_per_group;
   bool depthwise;
+  int64_t tap_stride;
   explicit ColumnLayout(const DeformConv2dGeometry& g)
       : row(g.in_channels * g.taps()),
         per_group(g.taps() * g.in_per_group()),
         taps(g.taps()),
         in_per_group(g.in_per_group()),
-        tap_stride(g.in_per_group() == 1 && g.out_per_group() == 1 ? g.in_channels : g.in_per_group()),
-        depthwise(g.in_per_group() == 1 && g.out_per_group() == 1) {}
+        depthwise(g.in_per_group() == 1 && g.out_per_group() == 1),
+        tap_stride(depthwise ? g.in_channels : in_per_group) {}
 };
 
 // A run of channels [c, c + n) of one offset group that lies in one group (depthwise: in
@@ -463,11 +464,11 @@ at::Tensor forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const auto ct = c10::CppTypeToScalarType<T>::value;
-  const bool is_depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
-  const Operands<T> ops(g, input, offset, weight, mask, !is_depthwise);
+  const ColumnLayout L(g);
+  const Operands<T> ops(g, input, offset, weight, mask, !L.depthwise);
   at::Tensor out_t = out.scalar_type() == ct ? out : at::empty(out.sizes(), out.options().dtype(ct));
   const at::Tensor out3 = out_t.view({g.batch, g.out_channels, g.out_pixels()});
-  if (is_depthwise) {
+  if (L.depthwise) {
     const at::Tensor wt = weight.to(ct).reshape({g.in_channels, g.taps()}).t().contiguous();
     at::Tensor rows =
         at::empty({g.out_pixels(), g.in_channels}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
@@ -476,7 +477,6 @@ at::Tensor forward_impl(
       out3[b].copy_(rows.t());
     }
   } else {
-    const ColumnLayout L(g);
     const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
     at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
     const Runs runs = runs_by_offset_group(g);
