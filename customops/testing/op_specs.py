@@ -651,7 +651,11 @@ DEFORM_CONV2D = OpSpec(
     supports_gradgrad=False,  # first-order gradients only: double backward raises
     gradcheck_nondet_tol=1e-12,  # the CUDA backward's atomics
     error_inputs=deform_conv2d_errors,
-    cuda_kernels={"deform_conv2d_im2col_kernel": "3x3_pad1_mask", "deform_conv2d_depthwise_kernel": "depthwise"},
+    cuda_kernels={
+        "deform_conv2d_transpose_kernel": "3x3_pad1_mask",
+        "deform_conv2d_im2col_kernel": "3x3_pad1_mask",
+        "deform_conv2d_depthwise_kernel": "depthwise",
+    },
 )
 
 DEFORM_CONV2D_BACKWARD = OpSpec(
@@ -661,6 +665,7 @@ DEFORM_CONV2D_BACKWARD = OpSpec(
     supports_gradgrad=False,
     error_inputs=deform_conv2d_backward_errors,
     cuda_kernels={
+        "deform_conv2d_transpose_kernel": "3x3_pad1_mask",
         "deform_conv2d_im2col_kernel": "3x3_pad1_mask",
         "deform_conv2d_col2im_kernel": "3x3_pad1_mask",
     },

@@ -1,17 +1,18 @@
 // deform_conv2d and its backward, CUDA kernels. Formula: deform_conv2d.h.
 //
-// The kernels read the input channels-last (a copy per chunk of images, none for a
-// channels_last input), so that the four neighbours of a sampling point are four runs of
-// contiguous channels, read in 16-byte vectors; the sampling point is computed once per run.
+// The kernels read the input channels-last (a copy per chunk of images, by a tiled transpose
+// kernel; none for a channels_last input), so that the four neighbours of a sampling point are
+// four runs of contiguous channels, read in 16-byte vectors; the sampling point is computed
+// once per run.
 // The work goes in chunks of whole images (or runs of one image's pixels) whose column
 // buffer, channels-last images and grad_input accumulator stay within kChunkBudget bytes:
 // the extra memory of a call is bounded whatever the batch and image size.
 //   forward: deform_conv2d_im2col_kernel fills the columns, (pixels, groups, kh * kw,
 //     in_channels / groups) in the input's dtype, then cuBLAS multiplies them with the
 //     weight (at::bmm over the chunk's images, or over the groups) straight into the NCHW
-//     output. float32 follows torch's matmul precision (TF32 where allowed); 16-bit GEMMs
-//     accumulate in float32. Depthwise (one input and one output channel per group):
-//     deform_conv2d_depthwise_kernel computes the output directly, with no columns.
+//     output, prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
+//     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. Depthwise (one input and one output channel
+//     per group): deform_conv2d_depthwise_kernel computes the output directly, with no columns.
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -89,6 +90,10 @@ struct ColumnLayout {
   Chunk ch;
   // Items per chunk stay below 2^31 (plan_chunks), so an item's index splits in 32 bits.
   uint32_t vecs;     // V-channel vectors per (row, group, tap)
+  // Items whose 16-byte sub-vectors interleave: item w of a run of `run` takes sub-vectors
+  // w, w + run, w + 2 run, ..., so that adjacent threads touch adjacent 16 bytes (a run spans
+  // channels of one offset group; 1: an item's V channels are contiguous).
+  uint32_t run;
   uint32_t taps, groups, n;
   bool one_channel;  // in_channels / groups == 1
 };
@@ -96,9 +101,10 @@ struct ColumnLayout {
 struct ColumnItem {
   int64_t col;   // offset of the item's first value in the chunk's columns
   int64_t b, bl, p, k, c, og;
+  int step;      // channels from one of its sub-vectors to the next
 };
 
-template <int V>
+template <typename T, int V, bool kInterleave>
 __device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t idx64) {
   const DeformConv2dGeometry& g = L.g;
   const uint32_t idx = static_cast<uint32_t>(idx64);
@@ -119,12 +125,17 @@ __device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t
     gi = t1 - r * L.groups;
     it.col = idx64 * V;
   }
+  constexpr int S = 16 / sizeof(T) < V ? 16 / sizeof(T) : V;
+  // The item's place in its run: its first sub-vector is w * S channels in.
+  const uint32_t w = kInterleave ? v % L.run : 0;
+  it.col -= static_cast<int64_t>(w) * (V - S);
+  it.step = kInterleave ? static_cast<int>(L.run) * S : S;
   it.k = k;
   const uint32_t bl = r / L.n;
   it.bl = bl;
   it.p = L.ch.p0 + (r - bl * L.n);
   it.b = L.ch.b0 + bl;
-  it.c = static_cast<int64_t>(gi) * g.in_per_group() + static_cast<int64_t>(v) * V;
+  it.c = static_cast<int64_t>(gi) * g.in_per_group() + static_cast<int64_t>(v - w) * V + w * S;
   it.og = it.c / g.in_per_offset_group();
   return it;
 }
@@ -146,40 +157,43 @@ constexpr int sub_vec() {
   return V < 16 / static_cast<int>(sizeof(T)) ? V : 16 / static_cast<int>(sizeof(T));
 }
 
-// a[j] = src[j], j < V, in opmath.
+// a[j] = src[j], j < V, in opmath; with step, sub-vector u (sub_vec<T, V> values) comes from
+// src + u * step instead.
 template <typename T, typename A, int V>
-__device__ __forceinline__ void load_vec(const T* src, A (&a)[V]) {
+__device__ __forceinline__ void load_vec(const T* src, A (&a)[V], int step = sub_vec<T, V>()) {
   constexpr int S = sub_vec<T, V>();
 #pragma unroll
   for (int u = 0; u < V; u += S) {
-    const auto val = *reinterpret_cast<const cuda::AlignedVec<T, S>*>(src + u);
+    const auto val = *reinterpret_cast<const cuda::AlignedVec<T, S>*>(src + u / S * step);
 #pragma unroll
     for (int j = 0; j < S; ++j) a[u + j] = static_cast<A>(val.v[j]);
   }
 }
 
 template <typename T, typename A, int V>
-__device__ __forceinline__ void store_vec(T* dst, const A (&a)[V]) {
+__device__ __forceinline__ void store_vec(T* dst, const A (&a)[V], int step = sub_vec<T, V>()) {
   constexpr int S = sub_vec<T, V>();
 #pragma unroll
   for (int u = 0; u < V; u += S) {
     cuda::AlignedVec<T, S> val;
 #pragma unroll
     for (int j = 0; j < S; ++j) val.v[j] = static_cast<T>(a[u + j]);
-    *reinterpret_cast<cuda::AlignedVec<T, S>*>(dst + u) = val;
+    *reinterpret_cast<cuda::AlignedVec<T, S>*>(dst + u / S * step) = val;
   }
 }
 
-// s[j] = bilinear(channel c + j) at tap, from a channels-last image (pixel stride C).
+// s[j] = bilinear(channel c + j) at tap, from a channels-last image (pixel stride C); step as
+// in load_vec.
 template <typename T, typename A, int V>
-__device__ __forceinline__ void gather(const T* img, int64_t C, const BilinearTap<A>& tap, A (&s)[V]) {
+__device__ __forceinline__ void gather(
+    const T* img, int64_t C, const BilinearTap<A>& tap, A (&s)[V], int step = sub_vec<T, V>()) {
 #pragma unroll
   for (int j = 0; j < V; ++j) s[j] = 0;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     if (tap.idx[q] >= 0) {
       A val[V];
-      load_vec<T, A, V>(img + tap.idx[q] * C, val);
+      load_vec<T, A, V>(img + tap.idx[q] * C, val, step);
 #pragma unroll
       for (int j = 0; j < V; ++j) s[j] += tap.w[q] * val[j];
     }
@@ -210,8 +224,9 @@ __device__ __forceinline__ void atomic_add_vec(A* dst, const A (&v)[V]) {
 }
 
 // Columns of the chunk: col[item] = mask * bilinear(x, the item's tap), V channels per item.
-// xs: the chunk's images, channels-last (NHWC) contiguous.
-template <typename T, int V>
+// xs: the chunk's images, channels-last (NHWC) contiguous. kInterleave: the items of a run
+// interleave their sub-vectors (ColumnLayout::run).
+template <typename T, int V, bool kInterleave>
 __global__ void deform_conv2d_im2col_kernel(
     const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, ColumnLayout L,
     T* __restrict__ col) {
@@ -221,14 +236,17 @@ __global__ void deform_conv2d_im2col_kernel(
   const int64_t total = L.ch.rows() * g.groups * g.taps() * L.vecs;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const ColumnItem it = column_item<V>(L, idx);
+    const ColumnItem it = column_item<T, V, kInterleave>(L, idx);
     A m;
     const BilinearTap<A> tap = item_tap<T, A>(L, it, off, msk, &m);
     A s[V];
-    gather<T, A, V>(xs + it.bl * plane * C + it.c, C, tap, s);
+    // A constant step when not interleaved: ptxas then batches the corners' loads (a runtime
+    // step of one sub-vector ran 2.6x slower).
+    constexpr int S = sub_vec<T, V>();
+    gather<T, A, V>(xs + it.bl * plane * C + it.c, C, tap, s, kInterleave ? it.step : S);
 #pragma unroll
     for (int j = 0; j < V; ++j) s[j] *= m;
-    store_vec<T, A, V>(col + it.col, s);
+    store_vec<T, A, V>(col + it.col, s, kInterleave ? it.step : S);
   }
 }
 
@@ -416,6 +434,50 @@ __global__ void deform_conv2d_depthwise_kernel(
   }
 }
 
+// dst[b][c][r] = src[b][r][c] for (batch, rows, cols) contiguous src and (batch, cols, rows)
+// contiguous dst, converted to To: NCHW <-> NHWC copies through 32 x 32 shared-memory tiles,
+// so that both sides are read and written in whole rows (torch's copy into a channels-last
+// tensor walks one side with a stride).
+constexpr int kTile = 32;
+
+template <typename Ti, typename To>
+__global__ void deform_conv2d_transpose_kernel(
+    const Ti* __restrict__ src, To* __restrict__ dst, int64_t batch, int64_t rows, int64_t cols) {
+  using S = at::opmath_type<Ti>;
+  __shared__ S tile[kTile][kTile + 1];
+  const int64_t tr = ceil_div(rows, kTile), tc = ceil_div(cols, kTile), tiles = batch * tr * tc;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t b = t / (tr * tc), rem = t - b * tr * tc;
+    const int64_t r0 = rem / tc * kTile, c0 = rem % tc * kTile;
+    const Ti* sb = src + b * rows * cols;
+    To* db = dst + b * rows * cols;
+    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+      const int64_t r = r0 + i, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[i][threadIdx.x] = static_cast<S>(sb[r * cols + c]);
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+      const int64_t c = c0 + i, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) db[c * rows + r] = static_cast<To>(tile[threadIdx.x][i]);
+    }
+    __syncthreads();
+  }
+}
+
+// dst = src with its last two dimensions' memory order swapped, both (batch, rows, cols) /
+// (batch, cols, rows) contiguous: see deform_conv2d_transpose_kernel.
+template <typename Ti, typename To>
+void transpose_into(const Ti* src, To* dst, int64_t batch, int64_t rows, int64_t cols) {
+  const int64_t tiles = batch * ceil_div(rows, kTile) * ceil_div(cols, kTile);
+  if (tiles == 0) return;
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const dim3 block(kTile, cuda::block_size("deform_conv2d_transpose_kernel") / kTile);
+  deform_conv2d_transpose_kernel<Ti, To>
+      <<<static_cast<unsigned>(std::min(tiles, sms * 16)), block, 0, at::cuda::getCurrentCUDAStream()>>>(
+          src, dst, batch, rows, cols);
+  CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_transpose_kernel");
+}
+
 // Launches kernel (named name in errors and in the failed-launch test hook) over total work
 // items on the current stream; none for no work.
 #define DEFORM_CONV2D_LAUNCH(name, kernel, total, ...)                                                             \
@@ -485,6 +547,18 @@ std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_
   return chunks;
 }
 
+// x (N, C, H, W) channels-last contiguous: x itself if it is, a transposing copy if it is
+// NCHW contiguous, torch's copy for other strides.
+template <typename T>
+at::Tensor channels_last_copy(const at::Tensor& x) {
+  if (x.is_contiguous(at::MemoryFormat::ChannelsLast) || !x.is_contiguous()) {
+    return x.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  transpose_into<T, T>(x.const_data_ptr<T>(), y.data_ptr<T>(), x.size(0), x.size(1), x.size(2) * x.size(3));
+  return y;
+}
+
 // What the kernels read besides the input: offset and mask NCHW contiguous, and the weight
 // as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order.
 struct CudaOperands {
@@ -506,8 +580,9 @@ struct CudaOperands {
   }
 
   // The images of a chunk, channels-last contiguous (a view of a channels_last input).
+  template <typename T>
   at::Tensor images(const Chunk& ch) const {
-    return input.narrow(0, ch.b0, ch.nb).contiguous(at::MemoryFormat::ChannelsLast);
+    return channels_last_copy<T>(input.narrow(0, ch.b0, ch.nb));
   }
   int64_t image_copy_bytes(const DeformConv2dGeometry& g) const {
     return input_channels_last ? 0 : g.in_channels * g.height * g.width * input.element_size();
@@ -523,6 +598,7 @@ ColumnLayout column_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v
   L.taps = static_cast<uint32_t>(g.taps());
   L.groups = static_cast<uint32_t>(g.groups);
   L.n = static_cast<uint32_t>(ch.n);
+  L.run = L.one_channel ? 1 : static_cast<uint32_t>(std::gcd(g.in_per_group(), g.in_per_offset_group()) / v);
   return L;
 }
 
@@ -593,9 +669,16 @@ void launch_im2col(
   const int v = chunk_vector_width<T>(g, xs, 64);
   const ColumnLayout L = column_layout(g, ch, v);
   const int64_t total = ch.rows() * g.groups * g.taps() * L.vecs;
+  // Interleaved where a run's sub-vectors fill a 128-byte line: one line per load and store
+  // instruction per sampling point instead of one per thread (8x256x64x64 float16: 34 -> 29 us
+  // per chunk; with runs of two, the runtime step's code lost more than the lines gained).
+  const bool interleave = L.run * 16 >= 128;
   with_vector_width<T>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
-    const auto kernel = deform_conv2d_im2col_kernel<T, V>;
+    auto kernel = deform_conv2d_im2col_kernel<T, V, false>;
+    if constexpr (V > sub_vec<T, V>()) {
+      if (interleave) kernel = deform_conv2d_im2col_kernel<T, V, true>;
+    }
     DEFORM_CONV2D_LAUNCH(
         "deform_conv2d_im2col_kernel", kernel, total, xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(),
         o.mask_ptr<T>(), L, col.data_ptr<T>());
@@ -614,7 +697,7 @@ void forward_impl(
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const CudaOperands o(g, input, offset, weight, mask);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
-    const at::Tensor xs = o.images({0, g.batch, 0, g.out_pixels()});
+    const at::Tensor xs = o.template images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = weight.reshape({g.in_channels, g.taps()}).t().contiguous();
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
     const int v = vector_width<T>(g.in_per_offset_group(), cuda::is_aligned(xs.const_data_ptr<T>(), 16));
@@ -634,21 +717,28 @@ void forward_impl(
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
   at::Tensor col = at::empty({K * max_rows}, input.options().memory_format(at::MemoryFormat::Contiguous));
   const at::Tensor out4 = out.view({g.batch, g.groups, g.out_per_group(), g.out_pixels()});
+  // The bias is the GEMMs' C operand (beta = 1) instead of a pass over the output after them.
+  if (bias.has_value()) out.copy_(bias->view({1, g.out_channels, 1, 1}).expand_as(out));
+  const auto gemm = [&](at::Tensor& dst, const at::Tensor& a, const at::Tensor& b) {
+    if (bias.has_value()) {
+      dst.baddbmm_(a, b);
+    } else {
+      at::bmm_out(dst, a, b);
+    }
+  };
   at::Tensor xs;
   for (const Chunk& ch : chunks) {
-    if (ch.p0 == 0) xs = o.images(ch);
+    if (ch.p0 == 0) xs = o.template images<T>(ch);
     launch_im2col<T>(o, g, ch, xs, col);
     const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
     if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
       at::Tensor dst = out4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n);
-      at::bmm_out(
-          dst, o.w[0].unsqueeze(0).expand({ch.nb, g.out_channels, K}), cols[0].view({ch.nb, ch.n, K}).transpose(1, 2));
+      gemm(dst, o.w[0].unsqueeze(0).expand({ch.nb, g.out_channels, K}), cols[0].view({ch.nb, ch.n, K}).transpose(1, 2));
     } else {  // over the groups of one image: (G, C_out / G, Kg) x (G, Kg, n)
       at::Tensor dst = out4[ch.b0].narrow(2, ch.p0, ch.n);
-      at::bmm_out(dst, o.w, cols.transpose(1, 2));
+      gemm(dst, o.w, cols.transpose(1, 2));
     }
   }
-  if (bias.has_value()) out.add_(bias->view({1, g.out_channels, 1, 1}));
 }
 
 at::Tensor deform_conv2d_cuda(
@@ -672,6 +762,14 @@ struct BackwardBuffers {
   at::Tensor goff, gw, gmask;
 };
 
+// grad_input's images of the chunk (NCHW contiguous) from its channels-last accumulator.
+template <typename T>
+void write_grad_input(const at::Tensor& gx_buf, const Chunk& ch, at::Tensor& grad_input) {
+  const int64_t C = grad_input.size(1), HW = grad_input.size(2) * grad_input.size(3);
+  transpose_into<at::opmath_type<T>, T>(
+      gx_buf.const_data_ptr<at::opmath_type<T>>(), grad_input.narrow(0, ch.b0, ch.nb).data_ptr<T>(), ch.nb, HW, C);
+}
+
 // Depthwise: no columns and no GEMM; the backward kernel reads grad_out (channels-last) and
 // the weight, and sums grad_weight itself. Chunks of whole images (kDepthwiseChunkBudget)
 // bound the copies.
@@ -690,8 +788,8 @@ void depthwise_backward_impl(
     gx_buf = at::empty({nb, g.height, g.width, C}, o.off.options().dtype(c10::CppTypeToScalarType<A>::value));
   for (int64_t b0 = 0; b0 < g.batch; b0 += nb) {
     const Chunk ch{b0, std::min(nb, g.batch - b0), 0, g.out_pixels()};
-    const at::Tensor xs = o.images(ch);
-    const at::Tensor go = grad_out.narrow(0, ch.b0, ch.nb).contiguous(at::MemoryFormat::ChannelsLast);
+    const at::Tensor xs = o.template images<T>(ch);
+    const at::Tensor go = channels_last_copy<T>(grad_out.narrow(0, ch.b0, ch.nb));
     if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     const bool aligned = cuda::is_aligned(xs.const_data_ptr<T>(), 16) && cuda::is_aligned(go.const_data_ptr<T>(), 16);
     const int v = vector_width<T>(g.in_per_offset_group(), aligned, col2im_max_bytes<T>());
@@ -699,7 +797,7 @@ void depthwise_backward_impl(
         tile_layout(g, ch, v), v, go.const_data_ptr<T>(), wt.const_data_ptr<T>(), xs.const_data_ptr<T>(), o,
         want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
         want[4] ? acc.gmask.data_ptr<A>() : nullptr, want[2] ? acc.gw.data_ptr<A>() : nullptr);
-    if (want[0]) grad_input.narrow(0, ch.b0, ch.nb).copy_(gx_buf.narrow(0, 0, ch.nb).permute({0, 3, 1, 2}));
+    if (want[0]) write_grad_input<T>(gx_buf, ch, grad_input);
   }
 }
 
@@ -729,7 +827,7 @@ void backward_impl(
   at::Tensor xs;
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) {
-      xs = o.images(ch);
+      xs = o.template images<T>(ch);
       if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     }
     const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
@@ -762,7 +860,7 @@ void backward_impl(
         want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
         want[4] ? acc.gmask.data_ptr<A>() : nullptr, nullptr);
     if (want[0] && ch.p0 + ch.n == P) {
-      grad_input.narrow(0, ch.b0, ch.nb).copy_(gx_buf.narrow(0, 0, ch.nb).permute({0, 3, 1, 2}));
+      write_grad_input<T>(gx_buf, ch, grad_input);
     }
   }
 }
