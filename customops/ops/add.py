@@ -9,7 +9,7 @@ csrc/ops/add/.
 import torch
 from torch import Tensor
 
-from ._fake import check_same_shape
+from ._fake import check_same_device, check_same_shape
 
 __all__ = ["add"]
 
@@ -35,5 +35,6 @@ def add(a: Tensor, b: Tensor) -> Tensor:
 
 @torch.library.register_fake("customops::add")
 def _add_fake(a, b):
+    check_same_device(b, "b", a, "a")
     check_same_shape(b, "b", a, "a")
     return torch.empty_like(a, memory_format=torch.contiguous_format)

@@ -9,6 +9,8 @@ from typing import List, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ._fake import check_same_device
+
 __all__ = ["deform_conv2d"]
 
 
@@ -112,6 +114,12 @@ def _check_shape(t, name, shape, message):
     torch._check(t.dim() == len(shape), message)
     for a, b in zip(t.shape, shape):
         torch._check(a == b, message)
+
+
+def _check_devices(input, **tensors):
+    for name, t in tensors.items():
+        if t is not None:
+            check_same_device(t, name, input, "input")
 
 
 def _output_shape(input, offset, weight, bias, stride, padding, dilation, mask):
@@ -230,11 +238,13 @@ def _output_shape(input, offset, weight, bias, stride, padding, dilation, mask):
 
 @torch.library.register_fake("customops::deform_conv2d")
 def _deform_conv2d_fake(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
+    _check_devices(input, offset=offset, weight=weight, bias=bias, mask=mask)
     return input.new_empty(_output_shape(input, offset, weight, bias, stride, padding, dilation, mask))
 
 
 @torch.library.register_fake("customops::deform_conv2d_backward")
 def _deform_conv2d_backward_fake(grad_out, input, offset, weight, mask, stride, padding, dilation, output_mask):
+    _check_devices(input, offset=offset, weight=weight, mask=mask, grad_out=grad_out)
     shape = _output_shape(input, offset, weight, None, stride, padding, dilation, mask)
     _check_shape(
         grad_out,

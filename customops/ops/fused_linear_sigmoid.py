@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._fake import check_same_shape
+from ._fake import check_same_device, check_same_shape
 
 __all__ = ["fused_linear_sigmoid"]
 
@@ -78,12 +78,18 @@ def _check_shapes(x, weight, bias):
 
 @torch.library.register_fake("customops::fused_linear_sigmoid")
 def _fused_linear_sigmoid_fake(x, weight, bias=None):
+    check_same_device(weight, "weight", x, "x")
+    if bias is not None:
+        check_same_device(bias, "bias", x, "x")
     _check_shapes(x, weight, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @torch.library.register_fake("customops::fused_linear_sigmoid_backward")
 def _fused_linear_sigmoid_backward_fake(grad_out, x, weight, y, output_mask):
+    check_same_device(weight, "weight", x, "x")
+    check_same_device(y, "y", grad_out, "grad_out")
+    check_same_device(y, "y", x, "x")
     _check_shapes(x, weight, None)
     check_same_shape(y, "y", grad_out, "grad_out")
     y_shape = (*x.shape[:-1], weight.shape[0])

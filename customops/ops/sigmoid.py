@@ -6,7 +6,7 @@ Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd): csrc/ops/sigmoid/.
 import torch
 from torch import Tensor
 
-from ._fake import check_same_shape
+from ._fake import check_same_device, check_same_shape
 
 __all__ = ["sigmoid", "sigmoid_backward"]
 
@@ -48,5 +48,6 @@ def _sigmoid_fake(x):
 
 @torch.library.register_fake("customops::sigmoid_backward")
 def _sigmoid_backward_fake(grad_out, y):
+    check_same_device(y, "y", grad_out, "grad_out")
     check_same_shape(y, "y", grad_out, "grad_out")
     return torch.empty_like(y, memory_format=torch.contiguous_format)

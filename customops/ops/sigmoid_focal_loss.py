@@ -7,7 +7,7 @@ csrc/ops/sigmoid_focal_loss/.
 import torch
 from torch import Tensor
 
-from ._fake import check_same_shape
+from ._fake import check_same_device, check_same_shape
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -83,6 +83,7 @@ def _check_shapes(inputs, targets, reduction):
 
 @torch.library.register_fake("customops::sigmoid_focal_loss")
 def _sigmoid_focal_loss_fake(inputs, targets, alpha=0.25, gamma=2.0, reduction="none"):
+    check_same_device(targets, "targets", inputs, "inputs")
     _check_shapes(inputs, targets, reduction)
     if reduction == "none":
         return torch.empty_like(inputs, memory_format=torch.contiguous_format)
@@ -91,6 +92,8 @@ def _sigmoid_focal_loss_fake(inputs, targets, alpha=0.25, gamma=2.0, reduction="
 
 @torch.library.register_fake("customops::sigmoid_focal_loss_backward")
 def _sigmoid_focal_loss_backward_fake(grad_out, inputs, targets, alpha, gamma, reduction, output_mask):
+    check_same_device(targets, "targets", inputs, "inputs")
+    check_same_device(grad_out, "grad_out", inputs, "inputs")
     _check_shapes(inputs, targets, reduction)
     if reduction == "none":
         check_same_shape(grad_out, "grad_out", inputs, "inputs")

@@ -23,9 +23,11 @@ ELEMENTWISE_CASES = [
 ]
 
 
-def _other_device(device):
-    """On CUDA, the CPU: a tensor there makes a mixed-device call."""
-    return "cpu" if device == "cuda" else None
+def _devices(device):
+    """(this device, another) as the messages name them, for mixed-device calls: on CUDA
+    ('cuda:0', 'cpu'); on the CPU ('cpu', 'meta'), whose meta tensor takes the call to the fake
+    kernel (the op's meta kernel), which must refuse it as the kernels do."""
+    return str(torch.empty(0, device=device).device), "cpu" if device == "cuda" else "meta"
 
 
 def elementwise_errors(first, second):
@@ -42,9 +44,9 @@ def elementwise_errors(first, second):
         yield ErrorInput(SampleInput((x, x.double())), second, (f"dtype of {first}", "torch.float32", "torch.float64"))
         yield ErrorInput(SampleInput((x, x[:2])), second, (f"shape of {first}", "[4, 8]", "[2, 8]"), fake_refuses=True)
         yield ErrorInput(SampleInput((x, x[0])), second, (f"shape of {first}", "[8]"), fake_refuses=True)
-        if _other_device(device):
-            yield ErrorInput(SampleInput((x, x.cpu())), second, (f"device of {first} (cuda:0)", "but got cpu"))
-            yield ErrorInput(SampleInput((x.cpu(), x)), second, (f"device of {first} (cpu)", "but got cuda:0"))
+        d, o = _devices(device)
+        yield ErrorInput(SampleInput((x, x.to(o))), second, (f"device of {first} ({d})", f"but got {o}"))
+        yield ErrorInput(SampleInput((x.to(o), x)), second, (f"device of {first} ({o})", f"but got {d}"))
 
     return errors
 
@@ -180,10 +182,10 @@ def fused_linear_sigmoid_errors(device):
     )
     yield ErrorInput(SampleInput((x, w, b[None])), "bias", ("(out_features,) = (3,)", "[1, 3]"), fake_refuses=True)
     yield ErrorInput(SampleInput((torch.randn((), device=device), w, b)), "x", ("0-dimensional",), fake_refuses=True)
-    if _other_device(device):
-        yield ErrorInput(SampleInput((x, w.cpu(), None)), "weight", ("device of x (cuda:0)", "but got cpu"))
-        yield ErrorInput(SampleInput((x.cpu(), w, None)), "weight", ("device of x (cpu)", "but got cuda:0"))
-        yield ErrorInput(SampleInput((x, w, b.cpu())), "bias", ("device of x (cuda:0)", "but got cpu"))
+    d, o = _devices(device)
+    yield ErrorInput(SampleInput((x, w.to(o), None)), "weight", (f"device of x ({d})", f"but got {o}"))
+    yield ErrorInput(SampleInput((x.to(o), w, None)), "weight", (f"device of x ({o})", f"but got {d}"))
+    yield ErrorInput(SampleInput((x, w, b.to(o))), "bias", (f"device of x ({d})", f"but got {o}"))
 
 
 def fused_linear_sigmoid_backward_errors(device):
@@ -194,8 +196,8 @@ def fused_linear_sigmoid_backward_errors(device):
     yield ErrorInput(SampleInput((y[:2], x, w, y[:2], mask)), "y", ("shape [4, 3]", "[2, 3]"), fake_refuses=True)
     yield ErrorInput(SampleInput((y, x, w, y.double(), mask)), "y", ("dtype of grad_out",))
     yield ErrorInput(SampleInput((y, x, w[:, :5], y, mask)), "x.shape[-1]", ("weight.shape[1] = 5",), fake_refuses=True)
-    if _other_device(device):
-        yield ErrorInput(SampleInput((y.cpu(), x, w, y, mask)), "y", ("device of grad_out (cpu)", "but got cuda:0"))
+    d, o = _devices(device)
+    yield ErrorInput(SampleInput((y.to(o), x, w, y, mask)), "y", (f"device of grad_out ({o})", f"but got {d}"))
 
 
 FUSED_LINEAR_SIGMOID = OpSpec(
@@ -304,9 +306,9 @@ def sigmoid_focal_loss_errors(device):
     yield ErrorInput(SampleInput((x, t, 0.25, float("inf"), "sum")), "gamma", ("finite", "inf"))
     yield ErrorInput(SampleInput((x, t, float("nan"), 2.0)), "alpha", ("finite", "nan"))
     yield ErrorInput(SampleInput((x, t, float("inf"), 2.0)), "alpha", ("finite", "inf"))
-    if _other_device(device):
-        yield ErrorInput(SampleInput((x, t.cpu())), "targets", ("device of inputs (cuda:0)", "but got cpu"))
-        yield ErrorInput(SampleInput((x.cpu(), t)), "targets", ("device of inputs (cpu)", "but got cuda:0"))
+    d, o = _devices(device)
+    yield ErrorInput(SampleInput((x, t.to(o))), "targets", (f"device of inputs ({d})", f"but got {o}"))
+    yield ErrorInput(SampleInput((x.to(o), t)), "targets", (f"device of inputs ({o})", f"but got {d}"))
 
 
 def sigmoid_focal_loss_backward_errors(device):
@@ -333,12 +335,12 @@ def sigmoid_focal_loss_backward_errors(device):
         SampleInput((g0, x, t, 0.25, 2.0, "max", [True, False])), "reduction", ("'max'",), fake_refuses=True
     )
     yield ErrorInput(SampleInput((g0.int(), x, t, 0.25, 2.0, "sum", [True, False])), "grad_out", ("floating dtype",))
-    if _other_device(device):
-        yield ErrorInput(
-            SampleInput((g0.cpu(), x, t, 0.25, 2.0, "sum", [True, False])),
-            "grad_out",
-            ("device of inputs (cuda:0)", "but got cpu"),
-        )
+    d, o = _devices(device)
+    yield ErrorInput(
+        SampleInput((g0.to(o), x, t, 0.25, 2.0, "sum", [True, False])),
+        "grad_out",
+        (f"device of inputs ({d})", f"but got {o}"),
+    )
 
 
 def sigmoid_focal_loss_backward_reference(grad_out, inputs, targets, alpha, gamma, reduction, output_mask):
@@ -603,10 +605,10 @@ def deform_conv2d_errors(device):
     yield ErrorInput(
         call(b=torch.randn(4, device=device)), "bias", ("(out_channels,) = (3,)", "[4]"), fake_refuses=True
     )
-    if _other_device(device):
-        yield ErrorInput(call(off=off.cpu()), "offset", ("device of input (cuda:0)", "but got cpu"))
-        yield ErrorInput(call(m=m.cpu()), "mask", ("device of input (cuda:0)", "but got cpu"))
-        yield ErrorInput(call(x=x.cpu()), "offset", ("device of input (cpu)", "but got cuda:0"))
+    d, o = _devices(device)
+    yield ErrorInput(call(off=off.to(o)), "offset", (f"device of input ({d})", f"but got {o}"))
+    yield ErrorInput(call(m=m.to(o)), "mask", (f"device of input ({d})", f"but got {o}"))
+    yield ErrorInput(call(x=x.to(o)), "offset", (f"device of input ({o})", f"but got {d}"))
 
 
 def deform_conv2d_backward_errors(device):
@@ -636,12 +638,12 @@ def deform_conv2d_backward_errors(device):
     yield ErrorInput(
         SampleInput((g, x, off, w, m.int(), pair, pair, pair, mask5)), "mask", ("floating dtype", "torch.int32")
     )
-    if _other_device(device):
-        yield ErrorInput(
-            SampleInput((g.cpu(), x, off, w, m, pair, pair, pair, mask5)),
-            "grad_out",
-            ("device of input (cuda:0)", "but got cpu"),
-        )
+    d, o = _devices(device)
+    yield ErrorInput(
+        SampleInput((g.to(o), x, off, w, m, pair, pair, pair, mask5)),
+        "grad_out",
+        (f"device of input ({d})", f"but got {o}"),
+    )
 
 
 DEFORM_CONV2D = OpSpec(
