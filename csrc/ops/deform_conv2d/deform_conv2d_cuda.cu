@@ -11,8 +11,9 @@
 //     in_channels / groups) in the input's dtype, then cuBLAS multiplies them with the
 //     weight (at::bmm over the chunk's images, or over the groups) straight into the NCHW
 //     output, prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
-//     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. Depthwise (one input and one output channel
-//     per group): deform_conv2d_depthwise_kernel computes the output directly, with no columns.
+//     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. Depthwise (one
+//     input and one output channel per group): deform_conv2d_depthwise_kernel computes the
+//     output directly, with no columns.
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -101,8 +102,13 @@ struct ColumnLayout {
 struct ColumnItem {
   int64_t col;   // offset of the item's first value in the chunk's columns
   int64_t b, bl, p, k, c, og;
-  int step;      // channels from one of its sub-vectors to the next
 };
+
+// Channels per load or store: V channels per work item move in loads of at most 16 bytes.
+template <typename T, int V>
+constexpr int sub_vec() {
+  return V < 16 / static_cast<int>(sizeof(T)) ? V : 16 / static_cast<int>(sizeof(T));
+}
 
 template <typename T, int V, bool kInterleave>
 __device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t idx64) {
@@ -125,11 +131,10 @@ __device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t
     gi = t1 - r * L.groups;
     it.col = idx64 * V;
   }
-  constexpr int S = 16 / sizeof(T) < V ? 16 / sizeof(T) : V;
+  constexpr int S = sub_vec<T, V>();
   // The item's place in its run: its first sub-vector is w * S channels in.
   const uint32_t w = kInterleave ? v % L.run : 0;
   it.col -= static_cast<int64_t>(w) * (V - S);
-  it.step = kInterleave ? static_cast<int>(L.run) * S : S;
   it.k = k;
   const uint32_t bl = r / L.n;
   it.bl = bl;
@@ -149,12 +154,6 @@ __device__ __forceinline__ BilinearTap<A> item_tap(
   return sample_at<T, A>(
       g, off + it.b * g.offset_groups * taps * 2 * P, msk ? msk + it.b * g.offset_groups * taps * P : nullptr, oy,
       it.p - oy * g.out_w, it.p, i, it.k - i * g.kw, it.og * taps + it.k, m);
-}
-
-// Channels per load or store: V channels per work item move in loads of at most 16 bytes.
-template <typename T, int V>
-constexpr int sub_vec() {
-  return V < 16 / static_cast<int>(sizeof(T)) ? V : 16 / static_cast<int>(sizeof(T));
 }
 
 // a[j] = src[j], j < V, in opmath; with step, sub-vector u (sub_vec<T, V> values) comes from
@@ -234,19 +233,19 @@ __global__ void deform_conv2d_im2col_kernel(
   const DeformConv2dGeometry& g = L.g;
   const int64_t C = g.in_channels, plane = g.height * g.width;
   const int64_t total = L.ch.rows() * g.groups * g.taps() * L.vecs;
+  // Channels between an item's sub-vectors. Constant when not interleaved: ptxas then batches
+  // the corners' loads (a runtime step of one sub-vector ran 2.6x slower).
+  const int step = kInterleave ? static_cast<int>(L.run) * sub_vec<T, V>() : sub_vec<T, V>();
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const ColumnItem it = column_item<T, V, kInterleave>(L, idx);
     A m;
     const BilinearTap<A> tap = item_tap<T, A>(L, it, off, msk, &m);
     A s[V];
-    // A constant step when not interleaved: ptxas then batches the corners' loads (a runtime
-    // step of one sub-vector ran 2.6x slower).
-    constexpr int S = sub_vec<T, V>();
-    gather<T, A, V>(xs + it.bl * plane * C + it.c, C, tap, s, kInterleave ? it.step : S);
+    gather<T, A, V>(xs + it.bl * plane * C + it.c, C, tap, s, step);
 #pragma unroll
     for (int j = 0; j < V; ++j) s[j] *= m;
-    store_vec<T, A, V>(col + it.col, s, kInterleave ? it.step : S);
+    store_vec<T, A, V>(col + it.col, s, step);
   }
 }
 
@@ -697,7 +696,7 @@ void forward_impl(
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const CudaOperands o(g, input, offset, weight, mask);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
-    const at::Tensor xs = o.template images<T>({0, g.batch, 0, g.out_pixels()});
+    const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = weight.reshape({g.in_channels, g.taps()}).t().contiguous();
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
     const int v = vector_width<T>(g.in_per_offset_group(), cuda::is_aligned(xs.const_data_ptr<T>(), 16));
@@ -728,7 +727,7 @@ void forward_impl(
   };
   at::Tensor xs;
   for (const Chunk& ch : chunks) {
-    if (ch.p0 == 0) xs = o.template images<T>(ch);
+    if (ch.p0 == 0) xs = o.images<T>(ch);
     launch_im2col<T>(o, g, ch, xs, col);
     const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
     if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
@@ -788,7 +787,7 @@ void depthwise_backward_impl(
     gx_buf = at::empty({nb, g.height, g.width, C}, o.off.options().dtype(c10::CppTypeToScalarType<A>::value));
   for (int64_t b0 = 0; b0 < g.batch; b0 += nb) {
     const Chunk ch{b0, std::min(nb, g.batch - b0), 0, g.out_pixels()};
-    const at::Tensor xs = o.template images<T>(ch);
+    const at::Tensor xs = o.images<T>(ch);
     const at::Tensor go = channels_last_copy<T>(grad_out.narrow(0, ch.b0, ch.nb));
     if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     const bool aligned = cuda::is_aligned(xs.const_data_ptr<T>(), 16) && cuda::is_aligned(go.const_data_ptr<T>(), 16);
@@ -827,7 +826,7 @@ void backward_impl(
   at::Tensor xs;
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) {
-      xs = o.template images<T>(ch);
+      xs = o.images<T>(ch);
       if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     }
     const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
