@@ -5,8 +5,9 @@
 // four runs of contiguous channels, read in 16-byte vectors; the sampling point is computed
 // once per run.
 // The work goes in chunks of whole images (or runs of one image's pixels) whose column
-// buffer, channels-last images and grad_input accumulator stay within kChunkBudget bytes:
-// the extra memory of a call is bounded whatever the batch and image size.
+// buffer, channels-last images and grad_input accumulator stay within a budget (chunk_budget,
+// at most kChunkMaxBytes): the extra memory of a call is bounded whatever the batch and image
+// size.
 //   forward: deform_conv2d_im2col_kernel fills the columns, (pixels, groups, kh * kw,
 //     in_channels / groups) in the input's dtype, then cuBLAS multiplies them with the
 //     weight (at::bmm over the chunk's images, or over the groups) straight into the NCHW
@@ -46,10 +47,14 @@ namespace customops {
 namespace {
 
 // Bytes per chunk of the column buffer plus the chunk's channels-last copy of the input and
-// its grad_input accumulator: with whole images per chunk, one image of a segmentation layer
-// (256 channels, 64 x 64, float32) is a single GEMM, and the extra memory stays a fraction of
-// what torchvision's fixed 32-image chunks take.
+// its grad_input accumulator. A chunk gets kChunkBudget, and up to kChunkMaxBytes while its
+// GEMM's output is short of kGemmFillWaves waves of 128 x 128 tiles on the GPU's SMs: on the
+// H200 the chunk GEMMs' TFLOP/s (IEEE float32, TF32 and float16) stopped rising between 4M and
+// 8M output values, and with 48 MB chunks alone IEEE float32 forwards ran up to 1.2x slower
+// than torchvision's 32-image chunks (docs/deform_conv2d.md).
 constexpr int64_t kChunkBudget = 48ll << 20;
+constexpr int64_t kChunkMaxBytes = 96ll << 20;
+constexpr int64_t kGemmFillWaves = 4;
 // The depthwise backward's chunks (no GEMM, so no gain from larger ones once a chunk fills
 // the GPU): on the H200 at 8x256x64x64 float16 a 16 MB budget took 34 MB of extra memory and
 // the same time as 48 MB (66 MB extra).
@@ -521,23 +526,35 @@ void with_vector_width(int v, const F& f) {
   return f(std::integral_constant<int, 1>());
 }
 
+// The budget of a chunk (see kChunkBudget): enough rows for the GEMM to fill the GPU, within
+// kChunkBudget .. kChunkMaxBytes.
+int64_t chunk_budget(const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel, int64_t image_extra_bytes) {
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t rows = ceil_div(kGemmFillWaves * sms * 128 * 128, g.out_channels);
+  const int64_t bytes = rows * col_bytes_per_pixel + ceil_div(rows, g.out_pixels()) * image_extra_bytes;
+  return std::clamp(bytes, kChunkBudget, kChunkMaxBytes);
+}
+
 // The chunks of a call: whole images while one image's share fits the budget and there is a
-// single group (the GEMM then batches over images), else runs of one image's pixels. A
-// chunk's columns stay below 2^31 values, for the kernels' 32-bit item indices.
+// single group (the GEMM then batches over images), else runs of one image's pixels; chunks
+// of equal size but the last. A chunk's columns stay below 2^31 values, for the kernels'
+// 32-bit item indices.
 std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel, int64_t image_extra_bytes) {
   const int64_t P = g.out_pixels(), K = g.in_channels * g.taps();
   TORCH_CHECK(
       K <= std::numeric_limits<int32_t>::max(),
       "customops: expected in_channels * kh * kw to be below 2^31 on CUDA, but got ", int_str(K));
   const int64_t max_rows = std::numeric_limits<int32_t>::max() / K;
+  const int64_t budget = chunk_budget(g, col_bytes_per_pixel, image_extra_bytes);
   const int64_t image_bytes = P * col_bytes_per_pixel + image_extra_bytes;
   std::vector<Chunk> chunks;
-  if (g.groups == 1 && image_bytes <= kChunkBudget && P <= max_rows) {
-    const int64_t nb = std::max<int64_t>(1, std::min(kChunkBudget / image_bytes, max_rows / P));
+  if (g.groups == 1 && image_bytes <= budget && P <= max_rows) {
+    const int64_t most = std::max<int64_t>(1, std::min(budget / image_bytes, max_rows / P));
+    const int64_t nb = ceil_div(g.batch, ceil_div(g.batch, most));
     for (int64_t b0 = 0; b0 < g.batch; b0 += nb) chunks.push_back({b0, std::min(nb, g.batch - b0), 0, P});
     return chunks;
   }
-  const int64_t col_budget = std::max<int64_t>(kChunkBudget - image_extra_bytes, kChunkBudget / 2);
+  const int64_t col_budget = std::max<int64_t>(budget - image_extra_bytes, budget / 2);
   const int64_t pieces = std::max({int64_t(1), ceil_div(P * col_bytes_per_pixel, col_budget), ceil_div(P, max_rows)});
   const int64_t n = ceil_div(P, pieces);
   for (int64_t b = 0; b < g.batch; ++b) {
@@ -668,10 +685,11 @@ void launch_im2col(
   const int v = chunk_vector_width<T>(g, xs, 64);
   const ColumnLayout L = column_layout(g, ch, v);
   const int64_t total = ch.rows() * g.groups * g.taps() * L.vecs;
-  // Interleaved where a run's sub-vectors fill a 128-byte line: one line per load and store
-  // instruction per sampling point instead of one per thread (8x256x64x64 float16: 34 -> 29 us
-  // per chunk; with runs of two, the runtime step's code lost more than the lines gained).
-  const bool interleave = L.run * 16 >= 128;
+  // Interleaved where a run's sub-vectors fill half a 128-byte line or more: fewer lines per
+  // load and store instruction per sampling point (H200: 8x256x64x64 float16 34 -> 29 us per
+  // chunk, runs of 16; 2x64x256x256 float32 forward 775 -> 730 us, runs of 4; with runs of
+  // two, 287 -> 436 us at 8x256x64x64 float16 with 4 offset groups).
+  const bool interleave = L.run * 16 >= 64;
   with_vector_width<T>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
     auto kernel = deform_conv2d_im2col_kernel<T, V, false>;
