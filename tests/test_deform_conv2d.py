@@ -329,13 +329,15 @@ def test_cuda_matches_cpu(name, dtype):
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
 
-# Sizes past one chunk (deform_conv2d_cuda.cu's budgets): several whole images per chunk,
-# several chunks of one image's pixels (one group, and two groups); depthwise, with several
-# images per backward chunk and a smaller last chunk (float32: 4 + 3, 16-bit: 6 + 1).
+# Sizes past one chunk (deform_conv2d_cuda.cu's budgets, 96 MB at these small C_out): several
+# chunks of several whole images (float32: 3 x 3, 16-bit: 5 + 4), several chunks of one
+# image's pixels (one group, and two groups: float32 4 or 5 per image, 16-bit 2); depthwise,
+# with several images per backward chunk and a smaller last chunk (float32: 4 + 3, 16-bit:
+# 6 + 1).
 CUDA_CHUNK_CONFIGS = {
-    "images_per_chunk": dict(B=9, C=32, H=40, W=40, C_out=24, groups=1, og=2),
-    "pixels_per_chunk": dict(B=2, C=256, H=64, W=64, C_out=16, groups=1, og=1),
-    "groups_pixels_per_chunk": dict(B=1, C=512, H=48, W=48, C_out=8, groups=2, og=4),
+    "images_per_chunk": dict(B=9, C=256, H=48, W=48, C_out=24, groups=1, og=2),
+    "pixels_per_chunk": dict(B=2, C=256, H=160, W=160, C_out=16, groups=1, og=1),
+    "groups_pixels_per_chunk": dict(B=1, C=512, H=112, W=112, C_out=8, groups=2, og=4),
     "depthwise_8_per_thread": dict(B=2, C=24, H=33, W=31, C_out=24, groups=24, og=3),
     "depthwise_images_per_chunk": dict(B=7, C=128, H=48, W=48, C_out=128, groups=128, og=2),
 }
