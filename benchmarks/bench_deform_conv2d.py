@@ -1,6 +1,8 @@
 """customops.deform_conv2d against torchvision.ops.deform_conv2d and the dense conv2d of the same
 shape (same groups), forward and forward + backward (gradients for input, offset, mask, weight
-and bias), 3x3 kernel, padding 1, mask given (DCNv2).
+and bias). The issue's grid (``--shapes grid``, the default) is 3x3, stride 1, padding 1, mask
+given (DCNv2); ``--shapes models`` takes layers of published networks instead (kernel sizes 1,
+3 and 7, strides, dilations, DCNv1, batch 1 and serving batches), and ``--shapes all`` both.
 
 CPU (default without a GPU): float32, ``torch.set_num_threads(--threads)``, medians of
 torch.utils.benchmark's blocked_autorange. CUDA: medians with the L2 flushed (benchmarks/common.py),
@@ -11,6 +13,7 @@ least once (inputs, offsets, mask, weight and output).
 
     python benchmarks/bench_deform_conv2d.py --out benchmarks/results          # CPU shapes
     python benchmarks/bench_deform_conv2d.py --device cuda --out benchmarks/results
+    python benchmarks/bench_deform_conv2d.py --shapes models --out benchmarks/results
 """
 
 import argparse
@@ -19,6 +22,7 @@ import json
 import os
 import platform
 import sys
+from typing import NamedTuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -31,26 +35,84 @@ import customops  # noqa: E402
 # torchvision's GEMM and ours then use; plain float32 rows run IEEE float32 matmuls.
 TF32 = "float32, TF32"
 
-# (B, C_in, H, W, C_out, groups, offset_groups, dtype, channels_last)
+
+class Shape(NamedTuple):
+    B: int
+    C: int
+    H: int
+    W: int
+    C_out: int
+    groups: int
+    og: int  # offset groups
+    dtype: Union[torch.dtype, str]
+    channels_last: bool
+    k: int = 3
+    stride: int = 1
+    pad: int = 1
+    dil: int = 1
+    mask: bool = True  # False: DCNv1
+    note: str = ""
+
+    def out_hw(self):
+        def side(n):
+            return (n + 2 * self.pad - self.dil * (self.k - 1) - 1) // self.stride + 1
+
+        return side(self.H), side(self.W)
+
+    def name(self):
+        s = f"{self.B}x{self.C}x{self.H}x{self.W} -> {self.C_out}"
+        if (self.k, self.stride, self.pad, self.dil) != (3, 1, 1, 1):
+            s += f", {self.k}x{self.k} s{self.stride} p{self.pad}" + (f" d{self.dil}" if self.dil > 1 else "")
+        s += f", groups {self.groups}" if self.groups > 1 else ""
+        s += f", offset_groups {self.og}" if self.og > 1 else ""
+        s += ", channels_last" if self.channels_last else ""
+        s += "" if self.mask else ", no mask"
+        return s + (f" ({self.note})" if self.note else "")
+
+
+f32, f16 = torch.float32, torch.float16
 CPU_SHAPES = [
-    (1, 64, 64, 64, 64, 1, 1, torch.float32, False),
-    (2, 128, 32, 32, 128, 1, 1, torch.float32, False),
-    (1, 256, 32, 32, 256, 256, 1, torch.float32, False),  # depthwise
+    Shape(1, 64, 64, 64, 64, 1, 1, f32, False),
+    Shape(2, 128, 32, 32, 128, 1, 1, f32, False),
+    Shape(1, 256, 32, 32, 256, 256, 1, f32, False),  # depthwise
 ]
 CUDA_SHAPES = [
-    (8, 256, 64, 64, 256, 1, 1, torch.float32, False),
-    (8, 256, 64, 64, 256, 1, 1, TF32, False),
-    (8, 256, 64, 64, 256, 1, 1, torch.float16, False),
-    (8, 256, 64, 64, 256, 1, 1, torch.bfloat16, False),
-    (2, 64, 256, 256, 64, 1, 1, torch.float32, False),
-    (2, 64, 256, 256, 64, 1, 1, TF32, False),
-    (16, 512, 32, 32, 512, 1, 1, torch.float32, False),
-    (16, 512, 32, 32, 512, 1, 1, TF32, False),
-    (8, 256, 64, 64, 256, 1, 1, torch.float16, True),
-    (8, 256, 64, 64, 256, 1, 4, torch.float16, False),
-    (8, 256, 64, 64, 256, 256, 1, torch.float32, False),
-    (8, 256, 64, 64, 256, 256, 1, torch.float16, False),
+    Shape(8, 256, 64, 64, 256, 1, 1, f32, False),
+    Shape(8, 256, 64, 64, 256, 1, 1, TF32, False),
+    Shape(8, 256, 64, 64, 256, 1, 1, f16, False),
+    Shape(8, 256, 64, 64, 256, 1, 1, torch.bfloat16, False),
+    Shape(2, 64, 256, 256, 64, 1, 1, f32, False),
+    Shape(2, 64, 256, 256, 64, 1, 1, TF32, False),
+    Shape(16, 512, 32, 32, 512, 1, 1, f32, False),
+    Shape(16, 512, 32, 32, 512, 1, 1, TF32, False),
+    Shape(8, 256, 64, 64, 256, 1, 1, f16, True),
+    Shape(8, 256, 64, 64, 256, 1, 4, f16, False),
+    Shape(8, 256, 64, 64, 256, 256, 1, f32, False),
+    Shape(8, 256, 64, 64, 256, 256, 1, f16, False),
 ]
+
+
+def model_shapes(dtype, batches):
+    """Deformable layers of published networks, at each of ``batches`` (1: one image served):
+    ResNet-50 with DCNv2 in stages 3 and 4 (Zhu et al. 2019; Mask R-CNN at 800 x 1333, so
+    stride 16 is 50 x 84, and stage 4 opens with a stride-2 3x3); DCNv1 there (Dai et al.
+    2017, no mask); an ASPP head of deformable 1x1, 3x3 and 7x7 branches (BiRefNet's
+    ASPPDeformable) at stride 32 of a 1024 x 1024 input; a dilated 3x3 (DeepLab-style
+    context); a depthwise 7x7 (a ConvNeXt-style block made deformable); and the main job's
+    segmentation layer (48 channels at 12 x 12, a batch of 256)."""
+    m = []
+    for b in batches:
+        m += [
+            Shape(b, 256, 50, 84, 256, 1, 1, dtype, False, note="R50-DCNv2 stage 3"),
+            Shape(b, 512, 50, 84, 512, 1, 1, dtype, False, 3, 2, 1, note="R50-DCNv2 stage 4, first block"),
+            Shape(b, 256, 50, 84, 256, 1, 1, dtype, False, mask=False, note="R50-DCNv1 stage 3"),
+            Shape(b, 512, 32, 32, 256, 1, 1, dtype, False, 1, 1, 0, note="ASPP 1x1"),
+            Shape(b, 512, 32, 32, 256, 1, 1, dtype, False, 3, 1, 1, note="ASPP 3x3"),
+            Shape(b, 512, 32, 32, 256, 1, 1, dtype, False, 7, 1, 3, note="ASPP 7x7"),
+            Shape(b, 256, 64, 64, 256, 1, 4, dtype, False, 3, 1, 2, 2, note="dilated 3x3"),
+            Shape(b, 128, 56, 56, 128, 128, 1, dtype, False, 7, 1, 3, note="depthwise 7x7"),
+        ]
+    return m + [Shape(256, 48, 12, 12, 48, 1, 1, dtype, False, note="main job's segmentation layer")]
 
 
 def cpu_name():
@@ -75,8 +137,9 @@ def torchvision_deform_conv2d():
 
 
 def make_inputs(shape, device, requires_grad):
-    B, C, H, W, C_out, groups, og, dtype, channels_last = shape
+    B, C, H, W, C_out, groups, og, dtype, channels_last, k = shape[:10]
     dtype = torch.float32 if dtype == TF32 else dtype
+    Ho, Wo = shape.out_hw()
     g = torch.Generator().manual_seed(0)
 
     def t(*s, scale=1.0, uniform=False):
@@ -88,21 +151,23 @@ def make_inputs(shape, device, requires_grad):
         x = x.detach().to(memory_format=torch.channels_last).requires_grad_(requires_grad)
     return dict(
         input=x,
-        offset=t(B, 2 * og * 9, H, W, scale=2.0),
-        weight=t(C_out, C // groups, 3, 3, scale=0.1),
+        offset=t(B, 2 * og * k * k, Ho, Wo, scale=2.0),
+        weight=t(C_out, C // groups, k, k, scale=0.1),
         bias=t(C_out),
-        mask=t(B, og * 9, H, W, uniform=True),
+        mask=t(B, og * k * k, Ho, Wo, uniform=True) if shape.mask else None,
     )
 
 
 def work(shape):
     """(GEMM FLOPs, gather FLOPs, minimum bytes) of one forward."""
-    B, C, H, W, C_out, groups, og, dtype, _ = shape
+    B, C, H, W, C_out, groups, og, dtype, _, k = shape[:10]
     size = torch.empty((), dtype=torch.float32 if dtype == TF32 else dtype).element_size()
-    samples = B * C * 9 * H * W
-    gemm = 2 * B * C_out * H * W * (C // groups) * 9
+    P = shape.out_hw()[0] * shape.out_hw()[1]
+    samples = B * C * k * k * P
+    gemm = 2 * B * C_out * P * (C // groups) * k * k
     gather = 8 * samples
-    bytes_ = size * (B * C * H * W + B * 3 * og * 9 * H * W + C_out * (C // groups) * 9 + C_out + B * C_out * H * W)
+    offsets = B * (3 if shape.mask else 2) * og * k * k * P
+    bytes_ = size * (B * C * H * W + offsets + C_out * (C // groups) * k * k + C_out + B * C_out * P)
     return gemm, gather, bytes_
 
 
@@ -113,7 +178,13 @@ def timer(device):
         return lambda fn: do_bench(fn)
     from torch.utils.benchmark import Timer
 
-    return lambda fn: Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.5).median * 1e6
+    # Timer runs its statement with num_threads threads, 1 unless told.
+    return lambda fn: (
+        Timer("fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+        .blocked_autorange(min_run_time=0.5)
+        .median
+        * 1e6
+    )
 
 
 def round_robin(fns, measure, rounds):
@@ -140,7 +211,8 @@ def fwd_bwd(call, inputs):
 
 
 def bench_shape(shape, device, measure, tv, rounds):
-    B, C, H, W, C_out, groups, og, dtype, _ = shape
+    dtype, groups = shape.dtype, shape.groups
+    geometry = ((shape.stride,) * 2, (shape.pad,) * 2, (shape.dil,) * 2)
     torch.backends.cuda.matmul.allow_tf32 = dtype == TF32
     row = {}
     for mode in ("fwd", "fwd+bwd"):
@@ -148,14 +220,12 @@ def bench_shape(shape, device, measure, tv, rounds):
         i = make_inputs(shape, device, rg)
         calls = {
             "customops": lambda i=i: customops.deform_conv2d(
-                i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"]
+                i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"]
             ),
-            "conv2d": lambda i=i: F.conv2d(i["input"], i["weight"], i["bias"], 1, 1, 1, groups),
+            "conv2d": lambda i=i: F.conv2d(i["input"], i["weight"], i["bias"], *geometry, groups),
         }
         if tv is not None:
-            calls["torchvision"] = lambda i=i: tv(
-                i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"]
-            )
+            calls["torchvision"] = lambda i=i: tv(i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
         fns = {name: (fwd_bwd(call, i) if rg else call) for name, call in calls.items()}
         with torch.enable_grad() if rg else torch.no_grad():
             for fn in fns.values():
@@ -174,7 +244,7 @@ def bench_shape(shape, device, measure, tv, rounds):
     # the reference in tests/) on the same inputs, for both implementations.
     with torch.no_grad():
         i = make_inputs(shape, device, False)
-        args = (i["input"], i["offset"], i["weight"], i["bias"], (1, 1), (1, 1), (1, 1), i["mask"])
+        args = (i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
         ref = customops.deform_conv2d(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
         impls = (
             {"customops": customops.deform_conv2d, "torchvision": tv}
@@ -253,6 +323,7 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--rounds", type=int, default=5, help="passes over the implementations (median)")
+    parser.add_argument("--shapes", choices=("grid", "models", "all"), default="grid", help="see above")
     parser.add_argument("--out", help="folder for the .md and .json results (and, for CUDA, a .png plot)")
     parser.add_argument("--from-json", help="rewrite the .md and .png of a saved .json (no timing)")
     args = parser.parse_args()
@@ -268,7 +339,15 @@ def main():
         torch.set_num_threads(args.threads)
     tv, tv_missing = torchvision_deform_conv2d()
     measure = timer(device)
-    shapes = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    grid = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
+    # The models' layers: float32 and float16 at batches 1 and 8 on CUDA (float32 IEEE, where
+    # the GEMM dominates), float32 at batch 1 on the CPU (torchvision's CPU backward takes
+    # seconds at these sizes).
+    if device == "cuda":
+        models = model_shapes(torch.float32, (1, 8)) + model_shapes(torch.float16, (1, 8))
+    else:
+        models = model_shapes(torch.float32, (1,))
+    shapes = {"grid": grid, "models": models, "all": grid + models}[args.shapes]
     machine = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
     if device == "cpu":
         machine += f", {args.threads} threads, load average {os.getloadavg()[0]:.1f} at the start"
@@ -280,10 +359,8 @@ def main():
     print(header)
     rows = []
     for shape in shapes:
-        B, C, H, W, C_out, groups, og, dtype, cl = shape
-        name = f"{B}x{C}x{H}x{W} -> {C_out}" + (f", groups {groups}" if groups > 1 else "")
-        name += (f", offset_groups {og}" if og > 1 else "") + (", channels_last" if cl else "")
-        row = {"shape": name, "dtype": dtype if dtype == TF32 else str(dtype).replace("torch.", "")}
+        dtype = shape.dtype
+        row = {"shape": shape.name(), "dtype": dtype if dtype == TF32 else str(dtype).replace("torch.", "")}
         # torchvision has no bfloat16 kernels ("deformable_im2col" not implemented for 'BFloat16').
         row.update(bench_shape(shape, device, measure, None if dtype == torch.bfloat16 else tv, args.rounds))
         gemm, gather, bytes_ = work(shape)
@@ -300,7 +377,8 @@ def main():
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         tag = "cpu" if device == "cpu" else torch.cuda.get_device_name().replace(" ", "_")
-        stem = os.path.join(args.out, f"deform_conv2d_{tag}_{datetime.date.today().isoformat()}")
+        suffix = "" if args.shapes == "grid" else f"_{args.shapes}"
+        stem = os.path.join(args.out, f"deform_conv2d_{tag}_{datetime.date.today().isoformat()}{suffix}")
         tail = ""
         if device == "cpu":
             tail = (
