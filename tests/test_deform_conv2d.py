@@ -150,6 +150,23 @@ def test_several_column_chunks_and_layouts(dtype):
     torch.testing.assert_close(out_cl, out, atol=0, rtol=0)
 
 
+def test_wide_rows_give_chunks_of_at_least_256_pixels():
+    # 176 channels x 7 x 7 taps x 4 bytes: 8 MB holds 243 rows, so the CPU's chunks take 256
+    # pixels (column_chunk_pixels): an 18x18 output is a chunk of 256 and one of 68.
+    kw = _inputs(B=1, C=176, H=18, W=18, C_out=4, groups=1, og=2, k=(7, 7), pad=(3, 3), dtype=torch.float32)
+    leaves = {k: v.requires_grad_() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    ref_in = {k: (v.detach().double().requires_grad_() if k in leaves else v) for k, v in kw.items()}
+    out, ref = customops.deform_conv2d(**kw), deform_conv2d_reference(**ref_in)
+    torch.testing.assert_close(out.double(), ref, atol=1e-3, rtol=1e-4)
+    grad_out = torch.randn(out.shape, dtype=torch.float64)
+    out.backward(grad_out.float())
+    ref.backward(grad_out)
+    for k, v in leaves.items():
+        torch.testing.assert_close(
+            v.grad.double(), ref_in[k].grad, atol=2e-3, rtol=1e-3, msg=lambda m, k=k: f"{k}: {m}"
+        )
+
+
 def _backward(kw, grad_out, output_mask):
     return torch.ops.customops.deform_conv2d_backward(
         grad_out, kw["input"], kw["offset"], kw["weight"], kw["mask"], kw["stride"], kw["padding"], kw["dilation"],

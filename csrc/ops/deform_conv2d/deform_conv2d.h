@@ -258,11 +258,4 @@ C10_HOST_DEVICE inline void bilinear_tap_grads(
   *grad_m = hy * hx * d[0] + hy * t.lx * d[1] + t.ly * hx * d[2] + t.ly * t.lx * d[3];
 }
 
-// Output pixels per column-buffer chunk: the buffer holds chunk x (in_channels * kh * kw)
-// values, kept near budget_bytes (at least one pixel), so memory stays bounded for any size.
-inline int64_t deform_conv2d_chunk_pixels(const DeformConv2dGeometry& g, int64_t elem_size, int64_t budget_bytes) {
-  const int64_t row_bytes = std::max<int64_t>(1, g.in_channels * g.taps() * elem_size);
-  return std::max<int64_t>(1, std::min<int64_t>(g.out_pixels(), budget_bytes / row_bytes));
-}
-
 }  // namespace customops

@@ -5,7 +5,7 @@
 // channels, so one tap of one output pixel is a vector loop over its offset group's
 // channels, with the bilinear weights computed once per (pixel, offset group, tap) rather
 // than once per channel. Per image and per chunk of output pixels (a column buffer of
-// chunk x in_channels * kh * kw values, about kColumnBudget bytes):
+// chunk x in_channels * kh * kw values, column_chunk_pixels):
 //   forward: im2col (parallel over pixels), then one GEMM per group, written straight
 //     into the output (at::mm_out, BLAS); depthwise: direct, a vector loop over channels
 //     per (pixel, tap), no columns.
@@ -43,9 +43,21 @@
 namespace customops {
 namespace {
 
-// Bytes of column buffer per chunk: a few MB stays in the last-level cache between im2col
-// and the GEMM that reads it.
+// Output pixels per column chunk: about kColumnBudget bytes of columns, which stay in the
+// last-level cache between im2col and the GEMM that reads them; but at least kMinGemmPixels
+// (within kColumnMaxBytes) where in_channels * kh * kw is so large that the budget holds fewer:
+// the GEMM's pixel dimension, and with it its rate, would be too small (2 threads, at::mm of
+// 256 x 25088 by 25088 x n: 145 GFLOP/s at n = 80, 170 from n = 160; 1x512x32x32 with a
+// 7x7 kernel, forward 130 -> 101 ms).
 constexpr int64_t kColumnBudget = 8 << 20;
+constexpr int64_t kMinGemmPixels = 256;
+constexpr int64_t kColumnMaxBytes = 32 << 20;
+
+int64_t column_chunk_pixels(const DeformConv2dGeometry& g, int64_t elem_size) {
+  const int64_t row = std::max<int64_t>(1, g.in_channels * g.taps() * elem_size);
+  const int64_t rows = std::max({int64_t(1), kColumnBudget / row, std::min(kMinGemmPixels, kColumnMaxBytes / row)});
+  return std::min(g.out_pixels(), rows);
+}
 
 // The tensors of one image, in the compute type T, and the geometry.
 template <typename T>
@@ -477,7 +489,7 @@ at::Tensor forward_impl(
       out3[b].copy_(rows.t());
     }
   } else {
-    const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
+    const int64_t chunk = column_chunk_pixels(g, sizeof(T));
     at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
     const Runs runs = runs_by_offset_group(g);
     for (int64_t b = 0; b < g.batch; ++b) {
@@ -522,7 +534,7 @@ void backward_impl(
   const Operands<T> ops(g, input, offset, weight, mask, need_gcol);
   const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const ColumnLayout L(g);
-  const int64_t chunk = deform_conv2d_chunk_pixels(g, sizeof(T), kColumnBudget);
+  const int64_t chunk = column_chunk_pixels(g, sizeof(T));
   at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t P = g.out_pixels();
   const Runs runs = runs_by_offset_group(g);
