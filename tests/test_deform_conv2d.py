@@ -150,10 +150,19 @@ def test_several_column_chunks_and_layouts(dtype):
     torch.testing.assert_close(out_cl, out, atol=0, rtol=0)
 
 
-def test_wide_rows_give_chunks_of_at_least_256_pixels():
-    # 176 channels x 7 x 7 taps x 4 bytes: 8 MB holds 243 rows, so the CPU's chunks take 256
-    # pixels (column_chunk_pixels): an 18x18 output is a chunk of 256 and one of 68.
-    kw = _inputs(B=1, C=176, H=18, W=18, C_out=4, groups=1, og=2, k=(7, 7), pad=(3, 3), dtype=torch.float32)
+# The CPU's column chunks (column_chunk_pixels in deform_conv2d_cpu.cpp), forward and gradients:
+# 176 channels x 7 x 7 taps x 4 bytes per row, of which 8 MB holds 243, so chunks take 256
+# pixels: an 18x18 output is a chunk of 256 and one of 68; depthwise, 64 channels x 9 taps: a
+# 64x64 output is a chunk of 3640 and one of 456.
+CPU_CHUNK_CONFIGS = {
+    "wide_rows_256_pixels": dict(B=1, C=176, H=18, W=18, C_out=4, groups=1, og=2, k=(7, 7), pad=(3, 3)),
+    "depthwise_two_chunks": dict(B=2, C=64, H=64, W=64, C_out=64, groups=64, og=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CPU_CHUNK_CONFIGS))
+def test_cpu_chunks_forward_and_gradients(name):
+    kw = _inputs(**CPU_CHUNK_CONFIGS[name], dtype=torch.float32)
     leaves = {k: v.requires_grad_() for k, v in kw.items() if isinstance(v, torch.Tensor)}
     ref_in = {k: (v.detach().double().requires_grad_() if k in leaves else v) for k, v in kw.items()}
     out, ref = customops.deform_conv2d(**kw), deform_conv2d_reference(**ref_in)
