@@ -1,7 +1,7 @@
 """customops.deform_conv2d against torchvision.ops.deform_conv2d and the dense conv2d of the same
 shape (same groups), forward and forward + backward (gradients for input, offset, mask, weight
-and bias). The issue's grid (``--shapes grid``, the default) is 3x3, stride 1, padding 1, mask
-given (DCNv2); ``--shapes models`` takes layers of published networks instead (kernel sizes 1,
+and bias). The default grid (``--shapes grid``) is 3x3, stride 1, padding 1, mask given
+(DCNv2); ``--shapes models`` takes layers of published networks instead (kernel sizes 1,
 3 and 7, strides, dilations, DCNv1, batch 1 and serving batches), and ``--shapes all`` both.
 
 CPU (default without a GPU): float32, ``torch.set_num_threads(--threads)``, medians of
@@ -95,7 +95,7 @@ CUDA_SHAPES = [
 def model_shapes(dtype, batches):
     """Deformable layers of published networks, at each of ``batches`` (1: one image served):
     ResNet-50 with DCNv2 in stages 3 and 4 (Zhu et al. 2019; Mask R-CNN at 800 x 1333, so
-    stride 16 is 50 x 84, and stage 4 opens with a stride-2 3x3); DCNv1 there (Dai et al.
+    stride 16 is 50 x 84, and stage 4 opens with a stride-2 3x3); DCNv1 in stage 3 (Dai et al.
     2017, no mask); an ASPP head of deformable 1x1, 3x3 and 7x7 branches (BiRefNet's
     ASPPDeformable) at stride 32 of a 1024 x 1024 input; a dilated 3x3 (DeepLab-style
     context); a depthwise 7x7 (a ConvNeXt-style block made deformable); and the main job's
@@ -137,7 +137,9 @@ def torchvision_deform_conv2d():
 
 
 def make_inputs(shape, device, requires_grad):
-    B, C, H, W, C_out, groups, og, dtype, channels_last, k = shape[:10]
+    B, C, H, W, C_out, groups, og = shape[:7]
+    k = shape.k
+    dtype, channels_last = shape.dtype, shape.channels_last
     dtype = torch.float32 if dtype == TF32 else dtype
     Ho, Wo = shape.out_hw()
     g = torch.Generator().manual_seed(0)
@@ -160,7 +162,9 @@ def make_inputs(shape, device, requires_grad):
 
 def work(shape):
     """(GEMM FLOPs, gather FLOPs, minimum bytes) of one forward."""
-    B, C, H, W, C_out, groups, og, dtype, _, k = shape[:10]
+    B, C, H, W, C_out, groups, og = shape[:7]
+    k = shape.k
+    dtype = shape.dtype
     size = torch.empty((), dtype=torch.float32 if dtype == TF32 else dtype).element_size()
     P = shape.out_hw()[0] * shape.out_hw()[1]
     samples = B * C * k * k * P
@@ -332,7 +336,8 @@ def main():
             saved = json.load(f)
         stem = args.from_json[: -len(".json")]
         machine = saved["header"].split(",")[0]
-        write_results(stem, saved["header"], saved["rows"], "cpu" if "cores" in machine else "cuda", machine)
+        cpu = " cores, " in saved["header"]  # the CPU header names the cores, a GPU's does not
+        write_results(stem, saved["header"], saved["rows"], "cpu" if cpu else "cuda", machine)
         return
     device = args.device
     if device == "cpu":
@@ -340,9 +345,9 @@ def main():
     tv, tv_missing = torchvision_deform_conv2d()
     measure = timer(device)
     grid = CUDA_SHAPES if device == "cuda" else CPU_SHAPES
-    # The models' layers: float32 and float16 at batches 1 and 8 on CUDA (float32 IEEE, where
-    # the GEMM dominates), float32 at batch 1 on the CPU (torchvision's CPU backward takes
-    # seconds at these sizes).
+    # The models' layers: on CUDA in IEEE float32 (torchvision's default, and where the GEMM
+    # takes most of the time) and float16, at batches 1 and 8; on the CPU float32 at batch 1
+    # (torchvision's CPU backward takes seconds at these sizes).
     if device == "cuda":
         models = model_shapes(torch.float32, (1, 8)) + model_shapes(torch.float16, (1, 8))
     else:

@@ -152,8 +152,9 @@ def test_several_column_chunks_and_layouts(dtype):
 
 # The CPU's column chunks (column_chunk_pixels in deform_conv2d_cpu.cpp), forward and gradients:
 # 176 channels x 7 x 7 taps x 4 bytes per row, of which 8 MB holds 243, so chunks take 256
-# pixels: an 18x18 output is a chunk of 256 and one of 68; depthwise, 64 channels x 9 taps: a
-# 64x64 output is a chunk of 3640 and one of 456.
+# pixels: an 18x18 output is a chunk of 256 and one of 68; depthwise (whose forward is direct,
+# so only the backward is chunked), 64 channels x 9 taps: a 64x64 output is a chunk of 3640 and
+# one of 456.
 CPU_CHUNK_CONFIGS = {
     "wide_rows_256_pixels": dict(B=1, C=176, H=18, W=18, C_out=4, groups=1, og=2, k=(7, 7), pad=(3, 3)),
     "depthwise_two_chunks": dict(B=2, C=64, H=64, W=64, C_out=64, groups=64, og=2),
