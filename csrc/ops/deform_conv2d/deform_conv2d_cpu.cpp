@@ -549,7 +549,7 @@ void backward_impl(
       // Depthwise: columns (n, taps, C); each group's GEMM is a product of one channel's
       // values, done for all channels at once by broadcasting (a GEMM per channel was slower)
       // with grad_out's chunk as (n, 1, C), copied so that its channels are contiguous (read in
-      // place, at NCHW's channel stride, the two products took 17 of 29 ms at 1x256x32x32).
+      // place, at NCHW's channel stride: 1x256x32x32's backward 20.5 ms instead of 14.5).
       const at::Tensor go_nc = L.depthwise ? go[b].narrow(1, p0, n).t().contiguous().unsqueeze(1) : at::Tensor();
       if (want[2]) {
         im2col(im, runs, p0, n, col.data_ptr<T>());
