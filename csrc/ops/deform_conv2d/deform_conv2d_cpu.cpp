@@ -44,20 +44,14 @@ namespace customops {
 namespace {
 
 // Output pixels per column chunk: about kColumnBudget bytes of columns, which stay in the
-// last-level cache between im2col and the GEMM that reads them; but at least kMinGemmPixels
-// (within kColumnMaxBytes) where in_channels * kh * kw is so large that the budget holds fewer:
-// the GEMM's pixel dimension, and with it its rate, would be too small (2 threads, at::mm of
-// 256 x 25088 by 25088 x n: 145 GFLOP/s at n = 80, 170 from n = 160; 1x512x32x32 with a
-// 7x7 kernel, forward 130 -> 101 ms).
+// last-level cache between im2col and the GEMM that reads them; but, where there is a GEMM
+// (not depthwise), at least kMinGemmPixels (within kColumnMaxBytes) when in_channels * kh * kw
+// is so large that the budget holds fewer: the GEMM's pixel dimension, and with it its rate,
+// would be too small (2 threads, at::mm of 256 x 25088 by 25088 x n: 145 GFLOP/s at n = 80,
+// 170 from n = 160; 1x512x32x32 with a 7x7 kernel, forward 130 -> 101 ms).
 constexpr int64_t kColumnBudget = 8 << 20;
 constexpr int64_t kMinGemmPixels = 256;
 constexpr int64_t kColumnMaxBytes = 32 << 20;
-
-int64_t column_chunk_pixels(const DeformConv2dGeometry& g, int64_t elem_size) {
-  const int64_t row = std::max<int64_t>(1, g.in_channels * g.taps() * elem_size);
-  const int64_t rows = std::max({int64_t(1), kColumnBudget / row, std::min(kMinGemmPixels, kColumnMaxBytes / row)});
-  return std::min(g.out_pixels(), rows);
-}
 
 // The tensors of one image, in the compute type T, and the geometry.
 template <typename T>
@@ -95,6 +89,13 @@ struct ColumnLayout {
         depthwise(g.in_per_group() == 1 && g.out_per_group() == 1),
         tap_stride(depthwise ? g.in_channels : in_per_group) {}
 };
+
+// Output pixels per column chunk (see kColumnBudget).
+int64_t column_chunk_pixels(const DeformConv2dGeometry& g, int64_t elem_size) {
+  const int64_t row = std::max<int64_t>(1, g.in_channels * g.taps() * elem_size);
+  const int64_t least = ColumnLayout(g).depthwise ? 1 : std::min(kMinGemmPixels, kColumnMaxBytes / row);
+  return std::min(g.out_pixels(), std::max({int64_t(1), kColumnBudget / row, least}));
+}
 
 // A run of channels [c, c + n) of one offset group that lies in one group (depthwise: in
 // consecutive groups); its values for tap k sit at base + k * tap_stride in a row of the
