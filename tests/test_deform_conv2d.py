@@ -320,11 +320,15 @@ def _cuda_vs_cpu(kw, dtype, fwd_tol, grad_tol):
     """Forward and all five gradients on CUDA in ``dtype`` against the CPU kernel in float64
     (itself checked against the reference and torchvision above) on the same values (the
     inputs and grad_out rounded to ``dtype``: a rounded offset that crosses a pixel line
-    changes its gradient by a step); relative errors in norm."""
+    changes its gradient by a step); relative errors in norm. The offsets are multiples of
+    1/256 first, so that the CUDA kernels' float32 sampling positions (integer base + offset)
+    are exact: at 160 x 160, rounding them put a few points of 460k on the other side of a pixel
+    line, which moved float32's grad_offset by 1e-3 in norm."""
 
     def leaf(v, **to):
         return v.detach().to(**to).clone().requires_grad_() if isinstance(v, torch.Tensor) else v
 
+    kw = dict(kw, offset=(kw["offset"].double() * 256).round() / 256)
     kw = {k: (v.to(dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     cpu = {k: leaf(v, dtype=torch.float64) for k, v in kw.items()}
     gpu = {k: leaf(v, device="cuda", dtype=dtype) for k, v in kw.items()}
