@@ -91,9 +91,9 @@ struct ColumnLayout {
 };
 
 // Output pixels per column chunk (see kColumnBudget).
-int64_t column_chunk_pixels(const DeformConv2dGeometry& g, int64_t elem_size) {
-  const int64_t row = std::max<int64_t>(1, g.in_channels * g.taps() * elem_size);
-  const int64_t least = ColumnLayout(g).depthwise ? 1 : std::min(kMinGemmPixels, kColumnMaxBytes / row);
+int64_t column_chunk_pixels(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size) {
+  const int64_t row = std::max<int64_t>(1, L.row * elem_size);
+  const int64_t least = L.depthwise ? 1 : std::min(kMinGemmPixels, kColumnMaxBytes / row);
   return std::min(g.out_pixels(), std::max({int64_t(1), kColumnBudget / row, least}));
 }
 
@@ -490,7 +490,7 @@ at::Tensor forward_impl(
       out3[b].copy_(rows.t());
     }
   } else {
-    const int64_t chunk = column_chunk_pixels(g, sizeof(T));
+    const int64_t chunk = column_chunk_pixels(g, L, sizeof(T));
     at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
     const Runs runs = runs_by_offset_group(g);
     for (int64_t b = 0; b < g.batch; ++b) {
@@ -535,7 +535,7 @@ void backward_impl(
   const Operands<T> ops(g, input, offset, weight, mask, need_gcol);
   const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const ColumnLayout L(g);
-  const int64_t chunk = column_chunk_pixels(g, sizeof(T));
+  const int64_t chunk = column_chunk_pixels(g, L, sizeof(T));
   at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t P = g.out_pixels();
   const Runs runs = runs_by_offset_group(g);
