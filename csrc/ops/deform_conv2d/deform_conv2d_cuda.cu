@@ -4,14 +4,16 @@
 // kernel; none for a channels_last input), so that the four neighbours of a sampling point are
 // four runs of contiguous channels, read in 16-byte vectors; the sampling point is computed
 // once per run.
-// The work goes in chunks of whole images (or runs of one image's pixels) whose column
-// buffer, channels-last images and grad_input accumulator stay within a budget (chunk_budget,
-// at most kChunkMaxBytes): the extra memory of a call is bounded whatever the batch and image
-// size.
+// The work goes in chunks of whole images (or runs of one image's pixels) whose buffers
+// (columns and GEMM output; in the backward also the channels-last images and grad_input
+// accumulator) stay within a budget (chunk_budget, at most kChunkMaxBytes): the extra memory
+// of a call is bounded whatever the batch and image size.
 //   forward: deform_conv2d_im2col_kernel fills the columns, (pixels, groups, kh * kw,
 //     in_channels / groups) in the input's dtype, then cuBLAS multiplies them with the
-//     weight (at::bmm over the chunk's images, or over the groups) straight into the NCHW
-//     output, prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
+//     weight: one group, one GEMM over the chunk's rows into a rows-major (pixels, C_out)
+//     buffer that the transpose kernel moves into the NCHW output with the bias; else (see
+//     forward_impl) at::bmm over the images or groups straight into the NCHW output,
+//     prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
 //     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. Depthwise (one
 //     input and one output channel per group): deform_conv2d_depthwise_kernel computes the
 //     output directly, with no columns.
@@ -438,48 +440,68 @@ __global__ void deform_conv2d_depthwise_kernel(
   }
 }
 
-// dst[b][c][r] = src[b][r][c] for (batch, rows, cols) contiguous src and (batch, cols, rows)
-// contiguous dst, converted to To: NCHW <-> NHWC copies through 32 x 32 shared-memory tiles,
-// so that both sides are read and written in whole rows (torch's copy into a channels-last
-// tensor walks one side with a stride).
+// dst[b][c][r] = src[b][r][c] (+ bias[c]), converted to To: NCHW <-> NHWC copies through
+// 32 x 32 shared-memory tiles, so that both sides are read and written in whole rows (torch's
+// copy into a channels-last tensor walks one side with a stride). A block per tile: grid x
+// the more numerous of the row and column tiles (up to 2^31), y the others, z the batch
+// (grid-strided); tile indices in 32 bits, element offsets in 64.
 constexpr int kTile = 32;
+
+struct TransposeShape {
+  int64_t batch, rows, cols;
+  int64_t src_ld, src_batch;  // src[b][r][c] at b * src_batch + r * src_ld + c
+  int64_t dst_ld, dst_batch;  // dst[b][c][r] at b * dst_batch + c * dst_ld + r
+  bool rows_in_x;             // grid x walks the row tiles (else the column tiles)
+};
 
 template <typename Ti, typename To>
 __global__ void deform_conv2d_transpose_kernel(
-    const Ti* __restrict__ src, To* __restrict__ dst, int64_t batch, int64_t rows, int64_t cols) {
+    const Ti* __restrict__ src, To* __restrict__ dst, const To* __restrict__ bias, TransposeShape s) {
   using S = at::opmath_type<Ti>;
   __shared__ S tile[kTile][kTile + 1];
-  const int64_t tr = ceil_div(rows, kTile), tc = ceil_div(cols, kTile), tiles = batch * tr * tc;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t b = t / (tr * tc), rem = t - b * tr * tc;
-    const int64_t r0 = rem / tc * kTile, c0 = rem % tc * kTile;
-    const Ti* sb = src + b * rows * cols;
-    To* db = dst + b * rows * cols;
-    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-      const int64_t r = r0 + i, c = c0 + threadIdx.x;
-      if (r < rows && c < cols) tile[i][threadIdx.x] = static_cast<S>(sb[r * cols + c]);
+  const int64_t r0 = static_cast<int64_t>(s.rows_in_x ? blockIdx.x : blockIdx.y) * kTile;
+  const int64_t c0 = static_cast<int64_t>(s.rows_in_x ? blockIdx.y : blockIdx.x) * kTile;
+  const int nr = static_cast<int>(std::min<int64_t>(kTile, s.rows - r0));
+  const int nc = static_cast<int>(std::min<int64_t>(kTile, s.cols - c0));
+  const int tx = threadIdx.x;
+  for (int64_t b = blockIdx.z; b < s.batch; b += gridDim.z) {
+    const Ti* sb = src + b * s.src_batch + r0 * s.src_ld + c0;
+    To* db = dst + b * s.dst_batch + c0 * s.dst_ld + r0;
+    for (int i = threadIdx.y; i < nr; i += blockDim.y) {
+      if (tx < nc) tile[i][tx] = static_cast<S>(sb[i * s.src_ld + tx]);
     }
     __syncthreads();
-    for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
-      const int64_t c = c0 + i, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) db[c * rows + r] = static_cast<To>(tile[threadIdx.x][i]);
+    for (int i = threadIdx.y; i < nc; i += blockDim.y) {
+      const S bv = bias ? static_cast<S>(bias[c0 + i]) : S(0);
+      if (tx < nr) db[i * s.dst_ld + tx] = static_cast<To>(tile[tx][i] + bv);
     }
     __syncthreads();
   }
 }
 
-// dst = src with its last two dimensions' memory order swapped, both (batch, rows, cols) /
-// (batch, cols, rows) contiguous: see deform_conv2d_transpose_kernel.
+// See deform_conv2d_transpose_kernel; bias: nullptr for none.
+template <typename Ti, typename To>
+void transpose_into(const Ti* src, To* dst, TransposeShape s, const To* bias = nullptr) {
+  if (s.batch == 0 || s.rows == 0 || s.cols == 0) return;
+  const int64_t row_tiles = ceil_div(s.rows, kTile), col_tiles = ceil_div(s.cols, kTile);
+  s.rows_in_x = row_tiles >= col_tiles;
+  const int64_t x = std::max(row_tiles, col_tiles), y = std::min(row_tiles, col_tiles);
+  TORCH_CHECK(
+      x <= std::numeric_limits<int32_t>::max() && y <= 65535, "customops: deform_conv2d on CUDA supports at most ",
+      int_str(65535 * kTile),
+      " channels or pixels per image along the shorter side of its transposing copies, but got ", int_str(s.rows),
+      " x ", int_str(s.cols));
+  const dim3 grid(
+      static_cast<unsigned>(x), static_cast<unsigned>(y), static_cast<unsigned>(std::min<int64_t>(s.batch, 65535)));
+  const dim3 block(kTile, cuda::block_size("deform_conv2d_transpose_kernel") / kTile);
+  deform_conv2d_transpose_kernel<Ti, To><<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(src, dst, bias, s);
+  CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_transpose_kernel");
+}
+
+// The contiguous (batch, rows, cols) -> (batch, cols, rows) case.
 template <typename Ti, typename To>
 void transpose_into(const Ti* src, To* dst, int64_t batch, int64_t rows, int64_t cols) {
-  const int64_t tiles = batch * ceil_div(rows, kTile) * ceil_div(cols, kTile);
-  if (tiles == 0) return;
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const dim3 block(kTile, cuda::block_size("deform_conv2d_transpose_kernel") / kTile);
-  deform_conv2d_transpose_kernel<Ti, To>
-      <<<static_cast<unsigned>(std::min(tiles, sms * 16)), block, 0, at::cuda::getCurrentCUDAStream()>>>(
-          src, dst, batch, rows, cols);
-  CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_transpose_kernel");
+  transpose_into<Ti, To>(src, dst, TransposeShape{batch, rows, cols, cols, rows * cols, rows, rows * cols, true});
 }
 
 // Launches kernel (named name in errors and in the failed-launch test hook) over total work
@@ -556,7 +578,9 @@ std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_
   }
   const int64_t col_budget = std::max<int64_t>(budget - image_extra_bytes, budget / 2);
   const int64_t pieces = std::max({int64_t(1), ceil_div(P * col_bytes_per_pixel, col_budget), ceil_div(P, max_rows)});
-  const int64_t n = ceil_div(P, pieces);
+  // Runs of a multiple of 16 pixels keep each run's output 16-byte aligned for cuBLAS.
+  const int64_t n0 = ceil_div(P, pieces), n16 = std::min(P, ceil_div(n0, 16) * 16);
+  const int64_t n = n16 <= max_rows ? n16 : n0;
   for (int64_t b = 0; b < g.batch; ++b) {
     for (int64_t p0 = 0; p0 < P; p0 += n) chunks.push_back({b, 1, p0, std::min(n, P - p0)});
   }
@@ -575,6 +599,21 @@ at::Tensor channels_last_copy(const at::Tensor& x) {
   return y;
 }
 
+// The weight as (out_channels, kh, kw, in_channels / groups) contiguous, by the transpose
+// kernel (torch's permuted copy took 33 us of a 101 us forward at 256 x 512 x 7 x 7 float16 on
+// the H200).
+inline at::Tensor taps_major_weight(const DeformConv2dGeometry& g, const at::Tensor& weight) {
+  if (!weight.is_contiguous() || g.taps() == 1 || g.in_per_group() == 1) {
+    return weight.permute({0, 2, 3, 1}).contiguous();  // a view where the two orders agree
+  }
+  at::Tensor w = at::empty({g.out_channels, g.kh, g.kw, g.in_per_group()}, weight.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, weight.scalar_type(), "deform_conv2d_weight", [&] {
+    transpose_into<scalar_t, scalar_t>(
+        weight.const_data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), g.out_channels, g.in_per_group(), g.taps());
+  });
+  return w;
+}
+
 // What the kernels read besides the input: offset and mask NCHW contiguous, and the weight
 // as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order.
 struct CudaOperands {
@@ -587,7 +626,7 @@ struct CudaOperands {
       : input(input_),
         off(offset.contiguous()),
         msk(mask.has_value() ? mask->contiguous() : at::Tensor()),
-        w(weight.permute({0, 2, 3, 1}).contiguous().view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
+        w(taps_major_weight(g, weight).view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
         input_channels_last(input_.is_contiguous(at::MemoryFormat::ChannelsLast)) {}
 
   template <typename T>
@@ -728,12 +767,46 @@ void forward_impl(
     });
     return;
   }
-  const int64_t K = g.in_channels * g.taps();
-  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), o.image_copy_bytes(g));
+  const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
+  // The budget counts what grows with the GEMM's rows (columns, rows-major output); the
+  // images' channels-last copies come on top, so that they do not shrink the GEMM (IEEE
+  // float32 GEMMs ran at 37 to 47 TFLOP/s over 3 images of 1050 pixels, 52 over 4).
+  std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), 0);
+  // One group: one GEMM over the chunk's rows, (rows, K) x (K, C_out), into a rows-major
+  // (pixels, out_channels) buffer that the transpose kernel moves into the NCHW output, adding
+  // the bias. Straight into NCHW (a GEMM per image, batched) the output rows are P values
+  // long, and where they are not 16-byte aligned cuBLAS falls back to slower kernels (H200,
+  // 512 x 4608 x 1050 per image, float16, 4 images: 144 us batched into NCHW, 33 us
+  // rows-major); its batched float32 GEMMs also ran up to 1.6x slower than one GEMM over the
+  // images. Straight into NCHW, saving the output's round trip, stay: several groups (a GEMM
+  // per group), and aligned rows in 16-bit types or in chunks of one image.
+  const bool aligned = P * sizeof(T) % 16 == 0;
+  const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
+  const bool rows_major = g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image));
+  if (rows_major) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0);
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
-  at::Tensor col = at::empty({K * max_rows}, input.options().memory_format(at::MemoryFormat::Contiguous));
-  const at::Tensor out4 = out.view({g.batch, g.groups, g.out_per_group(), g.out_pixels()});
+  const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor col = at::empty({K * max_rows}, opts);
+  at::Tensor xs;
+  if (rows_major) {
+    at::Tensor rows_out = at::empty({max_rows * g.out_channels}, opts);
+    const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+    const at::Tensor wt = o.w[0].t();  // (K, C_out)
+    for (const Chunk& ch : chunks) {
+      if (ch.p0 == 0) xs = o.images<T>(ch);
+      launch_im2col<T>(o, g, ch, xs, col);
+      at::Tensor dst = rows_out.narrow(0, 0, ch.rows() * g.out_channels).view({ch.rows(), g.out_channels});
+      at::mm_out(dst, col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K}), wt);
+      transpose_into<T, T>(
+          dst.const_data_ptr<T>(), out.data_ptr<T>() + ch.b0 * g.out_channels * P + ch.p0,
+          TransposeShape{
+              ch.nb, ch.n, g.out_channels, g.out_channels, ch.n * g.out_channels, P, g.out_channels * P, true},
+          b.defined() ? b.const_data_ptr<T>() : nullptr);
+    }
+    return;
+  }
+  const at::Tensor out4 = out.view({g.batch, g.groups, g.out_per_group(), P});
   // The bias is the GEMMs' C operand (beta = 1) instead of a pass over the output after them.
   if (bias.has_value()) out.copy_(bias->view({1, g.out_channels, 1, 1}).expand_as(out));
   const auto gemm = [&](at::Tensor& dst, const at::Tensor& a, const at::Tensor& b) {
@@ -743,7 +816,6 @@ void forward_impl(
       at::bmm_out(dst, a, b);
     }
   };
-  at::Tensor xs;
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) xs = o.images<T>(ch);
     launch_im2col<T>(o, g, ch, xs, col);
@@ -857,7 +929,9 @@ void backward_impl(
     }
     if (want[2]) {
       launch_im2col<T>(o, g, ch, xs, col);
-      if (g.groups == 1) {
+      if (g.groups == 1 && std::is_same<T, A>::value) {
+        acc.gw[0].addmm_(gor, cols[0]);
+      } else if (g.groups == 1) {  // a 16-bit GEMM, accumulated in opmath
         acc.gw[0].add_(at::mm(gor, cols[0]));
       } else {
         acc.gw.add_(at::bmm(go4[ch.b0].narrow(2, ch.p0, ch.n), cols));
@@ -912,7 +986,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
   at::Tensor grad_weight;
   if (want[2]) {
-    grad_weight = acc.gw.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}).contiguous().to(dt);
+    grad_weight = at::empty(weight.sizes(), opts)
+                      .copy_(acc.gw.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}));
   }
   return {
       want[0] ? grad_input : none(), want[1] ? acc.goff.to(dt) : none(), want[2] ? grad_weight : none(),
