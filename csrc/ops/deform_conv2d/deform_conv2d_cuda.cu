@@ -451,7 +451,7 @@ struct TransposeShape {
   int64_t batch, rows, cols;
   int64_t src_ld, src_batch;  // src[b][r][c] at b * src_batch + r * src_ld + c
   int64_t dst_ld, dst_batch;  // dst[b][c][r] at b * dst_batch + c * dst_ld + r
-  bool rows_in_x;             // grid x walks the row tiles (else the column tiles)
+  bool rows_in_x;             // grid x walks the row tiles (else the column tiles); transpose_into sets it
 };
 
 template <typename Ti, typename To>
@@ -501,7 +501,7 @@ void transpose_into(const Ti* src, To* dst, TransposeShape s, const To* bias = n
 // The contiguous (batch, rows, cols) -> (batch, cols, rows) case.
 template <typename Ti, typename To>
 void transpose_into(const Ti* src, To* dst, int64_t batch, int64_t rows, int64_t cols) {
-  transpose_into<Ti, To>(src, dst, TransposeShape{batch, rows, cols, cols, rows * cols, rows, rows * cols, true});
+  transpose_into<Ti, To>(src, dst, TransposeShape{batch, rows, cols, cols, rows * cols, rows, rows * cols});
 }
 
 // Launches kernel (named name in errors and in the failed-launch test hook) over total work
@@ -604,7 +604,7 @@ at::Tensor channels_last_copy(const at::Tensor& x) {
 // the H200).
 inline at::Tensor taps_major_weight(const DeformConv2dGeometry& g, const at::Tensor& weight) {
   if (!weight.is_contiguous() || g.taps() == 1 || g.in_per_group() == 1) {
-    return weight.permute({0, 2, 3, 1}).contiguous();  // a view where the two orders agree
+    return weight.permute({0, 2, 3, 1}).contiguous();  // no copy where kh * kw or in_channels / groups is 1
   }
   at::Tensor w = at::empty({g.out_channels, g.kh, g.kw, g.in_per_group()}, weight.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, weight.scalar_type(), "deform_conv2d_weight", [&] {
@@ -800,8 +800,7 @@ void forward_impl(
       at::mm_out(dst, col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K}), wt);
       transpose_into<T, T>(
           dst.const_data_ptr<T>(), out.data_ptr<T>() + ch.b0 * g.out_channels * P + ch.p0,
-          TransposeShape{
-              ch.nb, ch.n, g.out_channels, g.out_channels, ch.n * g.out_channels, P, g.out_channels * P, true},
+          TransposeShape{ch.nb, ch.n, g.out_channels, g.out_channels, ch.n * g.out_channels, P, g.out_channels * P},
           b.defined() ? b.const_data_ptr<T>() : nullptr);
     }
     return;
