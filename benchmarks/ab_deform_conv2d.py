@@ -1,0 +1,99 @@
+"""A/B of two builds of customops.deform_conv2d on CUDA: forward and forward + backward medians
+(L2 flushed, benchmarks/common.py) and extra peak memory, at the benchmark's grid and model
+layers plus shapes whose output rows are not 16-byte aligned (7x7, 14x14 and 75x75 outputs),
+groups and the stride-2 block with TF32.
+
+Build the baseline in a copy of the tree (``git worktree add /tmp/old <commit>``, then
+``python setup.py build_ext --inplace`` there), build this tree, then alternate processes so
+that both builds see the same machine state, and read the table:
+
+    (cd /tmp/old && PYTHONPATH=/tmp/old python $PWD/benchmarks/ab_deform_conv2d.py run old) >> ab.txt
+    PYTHONPATH=$PWD python benchmarks/ab_deform_conv2d.py run new >> ab.txt
+    python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
+
+``run LABEL [SUBSTRING]`` prints one tab-separated line per shape (label, shape, dtype, fwd µs,
+fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose name or dtype contains it.
+"""
+
+import collections
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def shapes():
+    import torch
+    from bench_deform_conv2d import CUDA_SHAPES, TF32, Shape, model_shapes
+
+    f16, f32 = torch.float16, torch.float32
+    extra = [
+        Shape(4, 256, 14, 14, 256, 1, 1, f16, False, note="P=196"),
+        Shape(16, 512, 7, 7, 512, 1, 1, f16, False, note="P=49"),
+        Shape(16, 512, 7, 7, 512, 1, 1, f32, False, note="P=49"),
+        Shape(2, 256, 100, 168, 256, 1, 1, f16, False, note="P=16800"),
+        Shape(4, 128, 75, 75, 128, 1, 1, f16, False, note="P=5625"),
+        Shape(4, 128, 75, 75, 128, 1, 1, f32, False, note="P=5625"),
+        Shape(32, 256, 28, 28, 256, 1, 1, f16, False, note="P=784"),
+        Shape(8, 512, 50, 84, 512, 1, 1, TF32, False, 3, 2, 1, note="stride 2"),
+        Shape(8, 256, 64, 64, 256, 8, 1, f16, False, note="groups 8"),
+    ]
+    return CUDA_SHAPES + model_shapes(f32, (1, 8)) + model_shapes(f16, (1, 8)) + extra
+
+
+def run(label, only=None):
+    import torch
+    from bench_deform_conv2d import TF32, fwd_bwd, make_inputs
+    from common import do_bench
+
+    import customops
+
+    for s in shapes():
+        if only and only not in s.name() + str(s.dtype):
+            continue
+        geometry = ((s.stride,) * 2, (s.pad,) * 2, (s.dil,) * 2)
+        torch.backends.cuda.matmul.allow_tf32 = s.dtype == TF32
+        times, mem = [], []
+        for rg in (False, True):
+            i = make_inputs(s, "cuda", rg)
+
+            def call(i=i):
+                return customops.deform_conv2d(i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
+
+            fn = fwd_bwd(call, i) if rg else call
+            with torch.enable_grad() if rg else torch.no_grad():
+                fn()
+                times.append(do_bench(fn, rep=50))
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                fn()
+                torch.cuda.synchronize()
+                mem.append((torch.cuda.max_memory_allocated() - base) / 2**20)
+        print(f"{label}\t{s.name()}\t{s.dtype}\t{times[0]:.1f}\t{times[1]:.1f}\t{mem[0]:.0f}\t{mem[1]:.0f}", flush=True)
+
+
+def report(path, a="old", b="new"):
+    runs = collections.defaultdict(lambda: collections.defaultdict(list))
+    for line in open(path):
+        p = line.rstrip("\n").split("\t")
+        if len(p) == 7:
+            runs[(p[1], p[2].replace("torch.", ""))][p[0]].append([float(x) for x in p[3:]])
+    print(f"| shape | dtype | {a} fwd (us) | {b} fwd (us) | {a} / {b} | {a} fwd+bwd (us) | {b} fwd+bwd (us) | {a} / {b} |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (shape, dtype), v in runs.items():
+        if a in v and b in v:
+            x = [statistics.median(r[k] for r in v[a]) for k in (0, 1)]
+            y = [statistics.median(r[k] for r in v[b]) for k in (0, 1)]
+            print(f"| {shape} | {dtype} | {x[0]:.0f} | {y[0]:.0f} | {x[0] / y[0]:.2f} | {x[1]:.0f} | {y[1]:.0f} | {x[1] / y[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    if len(sys.argv) >= 3 and sys.argv[1] == "run":
+        run(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    elif len(sys.argv) == 3 and sys.argv[1] == "report":
+        report(sys.argv[2])
+    else:
+        sys.exit(__doc__)
