@@ -25,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def shapes():
     import torch
+
     from bench_deform_conv2d import CUDA_SHAPES, TF32, Shape, model_shapes
 
     f16, f32 = torch.float16, torch.float32
@@ -44,10 +45,10 @@ def shapes():
 
 def run(label, only=None):
     import torch
-    from bench_deform_conv2d import TF32, fwd_bwd, make_inputs
-    from common import do_bench
 
     import customops
+    from bench_deform_conv2d import TF32, fwd_bwd, make_inputs
+    from common import do_bench
 
     for s in shapes():
         if only and only not in s.name() + str(s.dtype):
@@ -80,13 +81,23 @@ def report(path, a="old", b="new"):
         p = line.rstrip("\n").split("\t")
         if len(p) == 7:
             runs[(p[1], p[2].replace("torch.", ""))][p[0]].append([float(x) for x in p[3:]])
-    print(f"| shape | dtype | {a} fwd (us) | {b} fwd (us) | {a} / {b} | {a} fwd+bwd (us) | {b} fwd+bwd (us) | {a} / {b} |")
+    print(
+        f"| shape | dtype | {a} fwd (us) | {b} fwd (us) | {a} / {b} | {a} fwd+bwd (us) | {b} fwd+bwd (us) | {a} / {b} |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for (shape, dtype), v in runs.items():
         if a in v and b in v:
             x = [statistics.median(r[k] for r in v[a]) for k in (0, 1)]
             y = [statistics.median(r[k] for r in v[b]) for k in (0, 1)]
-            print(f"| {shape} | {dtype} | {x[0]:.0f} | {y[0]:.0f} | {x[0] / y[0]:.2f} | {x[1]:.0f} | {y[1]:.0f} | {x[1] / y[1]:.2f} |")
+            cells = [
+                f"{x[0]:.0f}",
+                f"{y[0]:.0f}",
+                f"{x[0] / y[0]:.2f}",
+                f"{x[1]:.0f}",
+                f"{y[1]:.0f}",
+                f"{x[1] / y[1]:.2f}",
+            ]
+            print(f"| {shape} | {dtype} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

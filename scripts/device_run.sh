@@ -3,13 +3,16 @@
 # run the main job on CUDA, the whole test suite, then the benchmark harness. Everything lands
 # in $OUT (at most 8 files come back).
 #
-#   [SKIP_BUILD=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--sanitize] [--arch-check] [benchmark args...]
+#   [SKIP_BUILD=1] [TESTS="tests/test_a.py ..."] bash scripts/device_run.sh [--no-main-job] [--no-bench] [--deform-bench] [--sanitize] [--arch-check] [benchmark args...]
 #
 # A whole run (main job, every test file, benchmark) takes about 10 minutes on the H200;
 # TESTS and --no-main-job cut it to what a change touched.
 #
 # --arch-check also builds a copy of the tree for 8.0 alone and runs it on this GPU: the
 # warning and the launch error must name the GPU's architecture and the rebuild.
+#
+# --deform-bench also runs deform_conv2d's benchmark, grid and model layers (about 3 minutes).
+# The benchmarks' result files go into one $OUT/results.tar (unpack it into the tree).
 #
 # --sanitize adds compute-sanitizer's memcheck, racecheck and initcheck over the ops' CUDA
 # tests (scripts/sanitize.sh; the log is $OUT/sanitizer.log).
@@ -25,12 +28,14 @@ run_bench=1
 run_sanitizer=0
 run_main_job=1
 run_arch_check=0
+run_deform_bench=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --no-bench) run_bench=0; shift ;;
     --sanitize) run_sanitizer=1; shift ;;
     --no-main-job) run_main_job=0; shift ;;
     --arch-check) run_arch_check=1; shift ;;
+    --deform-bench) run_deform_bench=1; shift ;;
     *) break ;;
   esac
 done
@@ -104,7 +109,18 @@ fi
 
 if [ "$run_bench" = 1 ]; then
   t0=$SECONDS
-  python3 benchmarks/bench_fused_linear_sigmoid.py --out "$OUT" "$@" > "$OUT/bench.log" 2>&1
+  marker=$(mktemp)
+  python3 benchmarks/bench_fused_linear_sigmoid.py --out benchmarks/results "$@" > "$OUT/bench.log" 2>&1
   echo "benchmark exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/run.log"
   tail -80 "$OUT/bench.log"
+  if [ "$run_deform_bench" = 1 ]; then
+    for shapes in grid models; do
+      t0=$SECONDS
+      python3 benchmarks/bench_deform_conv2d.py --device cuda --shapes "$shapes" --rounds 3 --out benchmarks/results \
+        >> "$OUT/bench_deform.log" 2>&1
+      echo "deform_conv2d benchmark ($shapes) exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/run.log"
+    done
+  fi
+  # The device tool returns at most 8 files: this run's results travel as one archive.
+  find benchmarks/results -type f -newer "$marker" | tar -cf "$OUT/results.tar" -T -
 fi
