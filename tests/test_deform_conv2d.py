@@ -360,14 +360,20 @@ def test_cuda_matches_cpu(name, dtype):
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
 
-# Sizes past one chunk (deform_conv2d_cuda.cu's budgets, 96 MB at these small C_out): several
-# chunks of several whole images (float32: 3 x 3, 16-bit: 5 + 4), several chunks of one
-# image's pixels (one group, and two groups: float32 4 or 5 per image, 16-bit 2); depthwise,
-# with several images per backward chunk and a smaller last chunk (float32: 4 + 3, 16-bit:
-# 6 + 1).
+# Sizes past one chunk (deform_conv2d_cuda.cu's budgets, 96 MB at these small C_out), through
+# each of the forward's GEMM forms (one GEMM over the chunk's rows into a rows-major buffer;
+# straight into NCHW where the output rows are 16-byte aligned, for 16-bit types or chunks of
+# one image): several chunks of several whole images (float32, rows-major: 3 x 3; backward
+# float32 3 x 3, 16-bit 5 + 4), the same into NCHW (16-bit 2 + 2 + 1; float32 one image per
+# chunk), several chunks of one image's pixels (one group, and two groups: float32 4 or 5 per
+# image, 16-bit 2), with output rows not aligned (rows-major runs of a multiple of 16 pixels
+# and a shorter last run); depthwise, with several images per backward chunk and a smaller last
+# chunk (float32: 4 + 3, 16-bit: 6 + 1).
 CUDA_CHUNK_CONFIGS = {
     "images_per_chunk": dict(B=9, C=256, H=48, W=48, C_out=24, groups=1, og=2),
+    "images_per_chunk_into_nchw": dict(B=5, C=512, H=64, W=64, C_out=16, groups=1, og=1),
     "pixels_per_chunk": dict(B=2, C=256, H=160, W=160, C_out=16, groups=1, og=1),
+    "unaligned_pixels_per_chunk": dict(B=2, C=256, H=157, W=161, C_out=16, groups=1, og=1),
     "groups_pixels_per_chunk": dict(B=1, C=512, H=112, W=112, C_out=8, groups=2, og=4),
     "depthwise_8_per_thread": dict(B=2, C=24, H=33, W=31, C_out=24, groups=24, og=3),
     "depthwise_images_per_chunk": dict(B=7, C=128, H=48, W=48, C_out=128, groups=128, og=2),
