@@ -55,6 +55,9 @@ CONFIGS = {
     "dcnv2_groups_offset_groups": {},
     "dcnv1_stride_dilation": dict(mask=False, stride=(2, 1), dil=(1, 2), pad=(2, 1), og=1, groups=1),
     "depthwise": dict(C=6, C_out=6, groups=6, og=2),
+    # One input channel per group but two outputs: columns and a GEMM per group, not the
+    # depthwise kernels.
+    "depthwise_multiplier_2": dict(C=6, C_out=12, groups=6, og=2),
     "5x5_outside": dict(k=(5, 5), scale=5.0, og=1),
 }
 
