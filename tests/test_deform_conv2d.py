@@ -161,6 +161,8 @@ def test_several_column_chunks_and_layouts(dtype):
 CPU_CHUNK_CONFIGS = {
     "wide_rows_256_pixels": dict(B=1, C=176, H=18, W=18, C_out=4, groups=1, og=2, k=(7, 7), pad=(3, 3)),
     "depthwise_two_chunks": dict(B=2, C=64, H=64, W=64, C_out=64, groups=64, og=2),
+    # 455-pixel chunks of 144-pixel images: 3 images per chunk (3 + 3 + 2), one GEMM per group.
+    "images_per_chunk_groups": dict(B=8, C=512, H=12, W=12, C_out=8, groups=2, og=2),
 }
 
 

@@ -7,8 +7,9 @@
 // than once per channel. Per image and per chunk of output pixels (a column buffer of
 // chunk x in_channels * kh * kw values, column_chunk_pixels):
 //   forward: im2col (parallel over pixels), then one GEMM per group, written straight
-//     into the output (at::mm_out, BLAS); depthwise: direct, a vector loop over channels
-//     per (pixel, tap), no columns.
+//     into the output (at::mm_out, BLAS); images smaller than a chunk go several to a chunk,
+//     with one GEMM over all their rows; depthwise: direct, a vector loop over channels per
+//     (pixel, tap), no columns.
 //   backward: the columns again and grad_weight += grad_out x columns (GEMM); grad columns
 //     = grad_out^T x weight (GEMM) over the same buffer; grad_input by col2im, parallel
 //     over input channels (each thread owns its channels: no races, and the same result
@@ -90,11 +91,14 @@ struct ColumnLayout {
         tap_stride(depthwise ? g.in_channels : in_per_group) {}
 };
 
-// Output pixels per column chunk (see kColumnBudget).
-int64_t column_chunk_pixels(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size) {
+// Rows of columns a chunk may hold (see kColumnBudget), and output pixels per chunk of one image.
+int64_t column_budget_rows(const ColumnLayout& L, int64_t elem_size) {
   const int64_t row = std::max<int64_t>(1, L.row * elem_size);
   const int64_t least = L.depthwise ? 1 : std::min(kMinGemmPixels, kColumnMaxBytes / row);
-  return std::min(g.out_pixels(), std::max({int64_t(1), kColumnBudget / row, least}));
+  return std::max({int64_t(1), kColumnBudget / row, least});
+}
+int64_t column_chunk_pixels(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size) {
+  return std::min(g.out_pixels(), column_budget_rows(L, elem_size));
 }
 
 // A run of channels [c, c + n) of one offset group that lies in one group (depthwise: in
@@ -472,6 +476,28 @@ struct Operands {
   }
 };
 
+// The columns of whole images b0 .. b0 + nb - 1 (row bl * out_pixels + p), in one parallel
+// region over all their rows.
+template <typename T>
+void im2col_images(const Operands<T>& ops, const Runs& runs, int64_t b0, int64_t nb, T* col) {
+  const int64_t P = ops.g.out_pixels(), row = ColumnLayout(ops.g).row;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, row));
+  at::parallel_for(0, nb * P, grain, [&](int64_t r0, int64_t r1) {
+    for (int64_t bl = r0 / P; bl * P < r1; ++bl) {
+      const Image<T> im = ops.image(b0 + bl);
+      const int64_t lo = std::max(r0, bl * P) - bl * P, hi = std::min(r1, (bl + 1) * P) - bl * P;
+      T* dst = col + bl * P * row;
+#if CUSTOMOPS_DC_AVX2
+      if (cpu_has_avx2()) {
+        im2col_avx2(im, runs, 0, lo, hi, dst);
+        continue;
+      }
+#endif
+      im2col_base(im, runs, 0, lo, hi, dst);
+    }
+  });
+}
+
 template <typename T>
 at::Tensor forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
@@ -490,10 +516,30 @@ at::Tensor forward_impl(
       out3[b].copy_(rows.t());
     }
   } else {
-    const int64_t chunk = column_chunk_pixels(g, L, sizeof(T));
+    const int64_t P = g.out_pixels(), images = std::min(g.batch, column_budget_rows(L, sizeof(T)) / P);
+    const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
     at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
     const Runs runs = runs_by_offset_group(g);
-    for (int64_t b = 0; b < g.batch; ++b) {
+    if (images >= 2) {
+      // Several whole images per chunk and one GEMM over all their rows per group, into a
+      // rows-major (pixels, out_channels / groups) buffer copied into the output: a small GEMM
+      // per image ran slower (2 threads, 16x256x7x7 -> 256 forward 10.5 -> 7.7 ms; the main
+      // job's 256x48x12x12 layer 35.4 -> 27.9 ms; docs/deform_conv2d.md).
+      at::Tensor rows = at::empty({images * P, g.out_per_group()}, col.options());
+      for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
+        const int64_t nb = std::min(images, g.batch - b0);
+        im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
+        const at::Tensor cols = col.narrow(0, 0, nb * P);
+        at::Tensor dst = rows.narrow(0, 0, nb * P);
+        for (int64_t gc = 0; gc < g.groups; ++gc) {
+          at::mm_out(dst, cols.narrow(1, gc * L.per_group, L.per_group), ops.w2[gc].t());
+          out3.narrow(0, b0, nb)
+              .narrow(1, gc * g.out_per_group(), g.out_per_group())
+              .copy_(dst.view({nb, P, g.out_per_group()}).transpose(1, 2));
+        }
+      }
+    }
+    for (int64_t b = images >= 2 ? g.batch : 0; b < g.batch; ++b) {
       const Image<T> im = ops.image(b);
       for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
         const int64_t n = std::min(chunk, g.out_pixels() - p0);
