@@ -581,10 +581,46 @@ void backward_impl(
   const Operands<T> ops(g, input, offset, weight, mask, need_gcol);
   const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const ColumnLayout L(g);
-  const int64_t chunk = column_chunk_pixels(g, L, sizeof(T));
-  at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t P = g.out_pixels();
+  // Several images per chunk where they are small, as in the forward (not depthwise: no GEMM),
+  // with grad_out's chunk copied to (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256:
+  // 17.3 -> 15.9 ms).
+  const int64_t images = L.depthwise ? 0 : std::min(g.batch, column_budget_rows(L, sizeof(T)) / P);
+  const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
+  at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
   const Runs runs = runs_by_offset_group(g);
+  if (images >= 2) {
+    at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
+    for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
+      const int64_t nb = std::min(images, g.batch - b0);
+      const at::Tensor cols = col.narrow(0, 0, nb * P);
+      at::Tensor gor = go_rows.narrow(1, 0, nb * P);
+      gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
+      if (want[2]) {
+        im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
+        for (int64_t gc = 0; gc < g.groups; ++gc) {
+          gw_t[gc].addmm_(
+              gor.narrow(0, gc * g.out_per_group(), g.out_per_group()), cols.narrow(1, gc * L.per_group, L.per_group));
+        }
+      }
+      if (!need_gcol) continue;
+      for (int64_t gc = 0; gc < g.groups; ++gc) {
+        at::Tensor dst = cols.narrow(1, gc * L.per_group, L.per_group);
+        at::mm_out(dst, gor.narrow(0, gc * g.out_per_group(), g.out_per_group()).t(), ops.w2[gc]);
+      }
+      for (int64_t b = b0; b < b0 + nb; ++b) {
+        const Image<T> im = ops.image(b);
+        const T* gcol = col.const_data_ptr<T>() + (b - b0) * P * L.row;
+        if (want[0]) col2im(im, 0, P, gcol, gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels);
+        if (want[1] || want[4]) {
+          coord_grad(
+              im, runs, 0, P, gcol, want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr,
+              want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr);
+        }
+      }
+    }
+    return;
+  }
   for (int64_t b = 0; b < g.batch; ++b) {
     const Image<T> im = ops.image(b);
     T* gx = want[0] ? gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels : nullptr;
