@@ -5,7 +5,10 @@ groups and the stride-2 block with TF32.
 
 Build the baseline in a copy of the tree (``git worktree add /tmp/old <commit>``, then
 ``python setup.py build_ext --inplace`` there), build this tree, then alternate processes so
-that both builds see the same machine state, and read the table:
+that both builds see the same machine state, and read the table. The GPU machine's copy of the
+tree has no .git: there, copy the tree (setup.py, pyproject.toml, csrc, customops, cpp,
+benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here beforehand with
+``git show <commit>:csrc/ops/deform_conv2d/deform_conv2d_cuda.cu`` into an untracked file.
 
     (cd /tmp/old && PYTHONPATH=/tmp/old python $PWD/benchmarks/ab_deform_conv2d.py run old) >> ab.txt
     PYTHONPATH=$PWD python benchmarks/ab_deform_conv2d.py run new >> ab.txt
