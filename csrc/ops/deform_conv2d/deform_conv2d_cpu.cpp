@@ -538,16 +538,17 @@ at::Tensor forward_impl(
               .copy_(dst.view({nb, P, g.out_per_group()}).transpose(1, 2));
         }
       }
-    }
-    for (int64_t b = images >= 2 ? g.batch : 0; b < g.batch; ++b) {
-      const Image<T> im = ops.image(b);
-      for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
-        const int64_t n = std::min(chunk, g.out_pixels() - p0);
-        im2col(im, runs, p0, n, col.data_ptr<T>());
-        const at::Tensor cols = col.narrow(0, 0, n);
-        for (int64_t gc = 0; gc < g.groups; ++gc) {
-          at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-          at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
+    } else {
+      for (int64_t b = 0; b < g.batch; ++b) {
+        const Image<T> im = ops.image(b);
+        for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
+          const int64_t n = std::min(chunk, g.out_pixels() - p0);
+          im2col(im, runs, p0, n, col.data_ptr<T>());
+          const at::Tensor cols = col.narrow(0, 0, n);
+          for (int64_t gc = 0; gc < g.groups; ++gc) {
+            at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
+            at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
+          }
         }
       }
     }
