@@ -101,6 +101,18 @@ int64_t column_chunk_pixels(const DeformConv2dGeometry& g, const ColumnLayout& L
   return std::min(g.out_pixels(), column_budget_rows(L, elem_size));
 }
 
+// Whole images per chunk where images are below kMinGemmPixels (a GEMM per image would run at
+// a low rate) and the budget holds two or more; else 0 (one image, or a run of its pixels, per
+// chunk). Their GEMM writes a rows-major buffer that is then copied into the output, a copy
+// that costs more than it saves on larger images (2 threads, 512 x 288 weights, 8 images of
+// 256 pixels: 5.5 ms a GEMM per image, 5.9 ms one GEMM and the copy; 14 images of 49 pixels,
+// 256 x 2304: 9.8 against 7.8 ms).
+int64_t images_per_chunk(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size) {
+  if (L.depthwise || g.out_pixels() >= kMinGemmPixels) return 0;
+  const int64_t images = std::min(g.batch, column_budget_rows(L, elem_size) / g.out_pixels());
+  return images >= 2 ? images : 0;
+}
+
 // A run of channels [c, c + n) of one offset group that lies in one group (depthwise: in
 // consecutive groups); its values for tap k sit at base + k * tap_stride in a row of the
 // column buffer.
@@ -516,15 +528,14 @@ at::Tensor forward_impl(
       out3[b].copy_(rows.t());
     }
   } else {
-    const int64_t P = g.out_pixels(), images = std::min(g.batch, column_budget_rows(L, sizeof(T)) / P);
+    const int64_t P = g.out_pixels(), images = images_per_chunk(g, L, sizeof(T));
     const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
     at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
     const Runs runs = runs_by_offset_group(g);
-    if (images >= 2) {
-      // Several whole images per chunk and one GEMM over all their rows per group, into a
-      // rows-major (pixels, out_channels / groups) buffer copied into the output: a small GEMM
-      // per image ran slower (2 threads, 16x256x7x7 -> 256 forward 10.5 -> 7.7 ms; the main
-      // job's 256x48x12x12 layer 35.4 -> 27.9 ms; docs/deform_conv2d.md).
+    if (images > 0) {
+      // One GEMM per group over all the chunk's rows, into a rows-major (pixels, out_channels /
+      // groups) buffer copied into the output (2 threads, 16x256x7x7 -> 256 forward 10.5 -> 7.7
+      // ms; the main job's 256x48x12x12 layer 35.4 -> 27.9 ms; docs/deform_conv2d.md).
       at::Tensor rows = at::empty({images * P, g.out_per_group()}, col.options());
       for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
         const int64_t nb = std::min(images, g.batch - b0);
@@ -583,14 +594,13 @@ void backward_impl(
   const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const ColumnLayout L(g);
   const int64_t P = g.out_pixels();
-  // Several images per chunk where they are small, as in the forward (not depthwise: no GEMM),
-  // with grad_out's chunk copied to (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256:
-  // 17.3 -> 15.9 ms).
-  const int64_t images = L.depthwise ? 0 : std::min(g.batch, column_budget_rows(L, sizeof(T)) / P);
+  // Several small images per chunk as in the forward, with grad_out's chunk copied to
+  // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms).
+  const int64_t images = images_per_chunk(g, L, sizeof(T));
   const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
   at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
   const Runs runs = runs_by_offset_group(g);
-  if (images >= 2) {
+  if (images > 0) {
     at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
     for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
       const int64_t nb = std::min(images, g.batch - b0);
