@@ -123,4 +123,5 @@ if [ "$run_bench" = 1 ]; then
   fi
   # The device tool returns at most 8 files: this run's results travel as one archive.
   find benchmarks/results -type f -newer "$marker" | tar -cf "$OUT/results.tar" -T -
+  rm -f "$marker"
 fi
