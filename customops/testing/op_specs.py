@@ -450,6 +450,8 @@ DEFORM_CONV2D_CASES = [
     ("1x1_no_mask", 2, 4, (4, 5), 3, 1, 2, (1, 1), 1, 0, 1, False, True, "strided", 1.5),
     ("outside_image", 1, 2, (4, 4), 2, 1, 1, (3, 3), 1, 1, 1, True, True, "transposed", 6.0),
     ("empty_batch", 0, 4, (5, 6), 3, 1, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
+    # Groups with a bias and 16 output pixels: the CUDA forward's vector bias fill (P % 8 == 0).
+    ("groups2_16_pixels", 1, 4, (4, 4), 2, 2, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
 ]
 
 
@@ -657,6 +659,7 @@ DEFORM_CONV2D = OpSpec(
         "deform_conv2d_transpose_kernel": "3x3_pad1_mask",
         "deform_conv2d_im2col_kernel": "3x3_pad1_mask",
         "deform_conv2d_depthwise_kernel": "depthwise",
+        "deform_conv2d_bias_kernel": "groups2_16_pixels",
     },
 )
 
