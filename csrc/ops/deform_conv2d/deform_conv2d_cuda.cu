@@ -249,12 +249,23 @@ struct Packed<c10::Half> {
   static __device__ __forceinline__ T2 splat(float w) {
     return __float2half2_rn(w);
   }
+  static __device__ __forceinline__ T2 fma(T2 a, T2 b, T2 c) {
+    return __hfma2(a, b, c);
+  }
 };
 template <>
 struct Packed<c10::BFloat16> {
   using T2 = __nv_bfloat162;
   static __device__ __forceinline__ T2 splat(float w) {
     return __float2bfloat162_rn(w);
+  }
+  static __device__ __forceinline__ T2 fma(T2 a, T2 b, T2 c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800  // no bfloat16 FMA before sm_80: float32, rounded once
+    const float2 x = __bfloat1622float2(a), y = __bfloat1622float2(b), z = __bfloat1622float2(c);
+    return __floats2bfloat162_rn(fmaf(x.x, y.x, z.x), fmaf(x.y, y.y, z.y));
+#else
+    return __hfma2(a, b, c);
+#endif
   }
 };
 template <typename T, int V>
@@ -283,7 +294,7 @@ __device__ __forceinline__ void gather_store_packed(
         for (int j = 0; j < S / 2; ++j) {
           T2 x;
           memcpy(&x, &val.v[j], sizeof(x));
-          s[u / 2 + j] = __hfma2(w, x, s[u / 2 + j]);
+          s[u / 2 + j] = Packed<T>::fma(w, x, s[u / 2 + j]);
         }
       }
     }
