@@ -13,8 +13,9 @@ namespace deform_conv2d_sm90 {
 bool supported(const DeformConv2dGeometry& g, const at::Tensor& input);
 
 // out (NCHW contiguous) = deform_conv2d(...), from xs, the input channels-last contiguous.
-void forward(const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tensor& offset, const at::Tensor& weight,
-             const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out);
+void forward(
+    const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tensor& offset, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out);
 
 }  // namespace deform_conv2d_sm90
 }  // namespace customops

@@ -61,10 +61,10 @@ struct Types<c10::BFloat16> {
 
 template <typename T, int BN>
 struct MmaOp;
-#define CUSTOMOPS_DCN_MMA(TYPE, N, NAME)                                                 \
-  template <>                                                                            \
-  struct MmaOp<TYPE, N> {                                                                \
-    using type = cute::SM90::GMMA::NAME<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;     \
+#define CUSTOMOPS_DCN_MMA(TYPE, N, NAME)                                                         \
+  template <>                                                                                    \
+  struct MmaOp<TYPE, N> {                                                                        \
+    using type = cute::SM90::GMMA::NAME<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>; \
   };
 CUSTOMOPS_DCN_MMA(c10::Half, 64, MMA_64x64x16_F32F16F16_SS)
 CUSTOMOPS_DCN_MMA(c10::Half, 128, MMA_64x128x16_F32F16F16_SS)
@@ -440,6 +440,184 @@ __global__ void __launch_bounds__(Config<T, BN, PW, U>::kThreads, 1)
   for (int n = ct >> 7; n < n_end; n += kConsumerThreads / kBM) out[n * P] = stage[n * ld + row];
 }
 
+// No warp specialization: two warpgroups of 64 rows each blend their own rows of the stage's A
+// tile (4 * kU corner loads in flight per thread, with up to 255 registers: 256 threads), then
+// issue its wgmma asynchronously and go on blending the next stage while the tensor cores run.
+// A stage's B tile is brought one k tile ahead by a bulk copy once both warpgroups' wgmma on
+// that stage's previous use have completed (empty, two arrivals).
+template <typename T, int BN, int kU, int kS>
+__global__ void __launch_bounds__(kConsumerThreads, 1) deform_conv2d_sm90_implicit_gemm_coop_kernel(const Params p) {
+  using Cfg = Config<T, BN, 1, 4>;
+  constexpr int S = kS;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw = cute::cast_smem_ptr_to_uint(smem_raw);
+  unsigned char* smem = smem_raw + ((1024 - (raw & 1023)) & 1023);
+  const uint32_t base = cute::cast_smem_ptr_to_uint(smem);
+  Sample* table = reinterpret_cast<Sample*>(smem + S * Cfg::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S * Cfg::kStageBytes + Cfg::kTableBytes);
+  uint64_t* empty = full + S;
+  const DeformConv2dGeometry& g = p.g;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) * kBM;
+  const int n0 = blockIdx.y * BN;
+  const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127;
+  const T* wsw = static_cast<const T*>(p.wsw) + static_cast<int64_t>(blockIdx.y) * p.k_tiles * BN * kBK;
+  const auto copy_b = [&](int kt) {
+    const int s = kt % S;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[s], Cfg::kBTileBytes);
+    cute::SM90_BULK_COPY_G2S::copy(
+        wsw + static_cast<int64_t>(kt) * BN * kBK, &full[s], smem + s * Cfg::kStageBytes + kATileBytes,
+        Cfg::kBTileBytes);
+  };
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      cutlass::arch::ClusterBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], 2);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0) copy_b(0);
+
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t P = g.out_pixels(), taps = g.taps(), C = g.in_channels, plane = g.height * g.width;
+  const int64_t m = m0 + (tid & (kBM - 1));
+  const bool row_ok = tid < kBM && m < p.M;
+  const int64_t b = row_ok ? m / P : 0, pix = row_ok ? m % P : 0;
+  const int64_t oy = pix / g.out_w, ox = pix % g.out_w;
+  const T* off = static_cast<const T*>(p.off) + b * g.offset_groups * taps * 2 * P + pix;
+  const T* msk = p.msk ? static_cast<const T*>(p.msk) + b * g.offset_groups * taps * P + pix : nullptr;
+  const T* img = x + b * plane * C;
+  const auto load_point = [&](int64_t ok, float* dy, float* dx, float* mk) {
+    *dy = row_ok ? static_cast<float>(off[2 * ok * P]) : 0.f;
+    *dx = row_ok ? static_cast<float>(off[(2 * ok + 1) * P]) : 0.f;
+    *mk = row_ok && msk ? static_cast<float>(msk[ok * P]) : 1.f;
+  };
+  float dy, dx, mk;
+  load_point(0, &dy, &dx, &mk);
+  // This thread blends rows wg * 64 + wt / 8 + 16 u (u < 4) of each stage, chunk wt % 8.
+  const int vec = wt & 7, row0 = wg * 64 + (wt >> 3);
+  using Op = typename MmaOp<T, BN>::type;
+  float acc[BN / 2];
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  int tb = 0;
+  for (int kt = 0; kt < p.k_tiles; ++kt) {
+    const int s = kt % S, tap = kt / p.c_blocks, cb = kt % p.c_blocks;
+    if (cb % p.og_blocks == 0) {
+      const int og = cb / p.og_blocks;
+      tb ^= 1;
+      if (tid < kBM) {
+        Sample e;
+        e.img = img;
+        e.pad = 0;
+        const int64_t i = tap / g.kw, j = tap % g.kw;
+        const float y = static_cast<float>(oy * g.stride_h - g.pad_h + i * g.dil_h) + dy;
+        const float xx = static_cast<float>(ox * g.stride_w - g.pad_w + j * g.dil_w) + dx;
+        const BilinearTap<float> t = bilinear_tap<float>(y, xx, g.height, g.width);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          e.idx[q] = row_ok ? static_cast<int32_t>(t.idx[q]) : -1;
+          e.w[q] = row_ok ? as_u32<T>(Types<T>::splat(t.w[q] * mk)) : 0u;
+        }
+        table[tb * kBM + tid] = e;
+        const bool last_og = og + 1 == g.offset_groups;
+        const int64_t next_og = last_og ? 0 : og + 1, next_tap = last_og ? tap + 1 : tap;
+        if (next_tap < taps) load_point(next_og * taps + next_tap, &dy, &dx, &mk);
+      }
+      asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads));
+    }
+    const uint32_t a_tile = base + s * Cfg::kStageBytes;
+    const int64_t c0 = static_cast<int64_t>(cb) * kBK + vec * 8;
+#pragma unroll
+    for (int u0 = 0; u0 < 4; u0 += kU) {
+      uint4 v[kU][4];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const Sample& e = table[tb * kBM + row0 + 16 * (u0 + u)];
+        const T* src = static_cast<const T*>(e.img) + c0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int32_t idx = e.idx[q];
+          v[u][q] = load_corner(src + static_cast<int64_t>(idx) * C, idx >= 0);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int row = row0 + 16 * (u0 + u);
+        const uint4 w = *reinterpret_cast<const uint4*>(table[tb * kBM + row].w);
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+        uint32_t a[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          a[0] = fma2<T>(ws[q], v[u][q].x, a[0]);
+          a[1] = fma2<T>(ws[q], v[u][q].y, a[1]);
+          a[2] = fma2<T>(ws[q], v[u][q].z, a[2]);
+          a[3] = fma2<T>(ws[q], v[u][q].w, a[3]);
+        }
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(a_tile + swizzled(row, vec)), "r"(a[0]),
+                     "r"(a[1]), "r"(a[2]), "r"(a[3])
+                     : "memory");
+      }
+    }
+    // After the blend (which overlaps the previous wgmma): wgmma of k tile kt + 1 - S done (at
+    // most S - 2 groups pending), so stage (kt + 1) % S is free for the next B tile, and in the
+    // next iteration this warpgroup's rows of its stage.
+    cute::warpgroup_wait<S - 2>();
+    if (kt + 1 < p.k_tiles && kt + 1 >= S) {
+      const int s1 = (kt + 1) % S;
+      if (wt == 0) cutlass::arch::ClusterBarrier::arrive(&empty[s1]);
+      if (tid == 0) {
+        cutlass::arch::ClusterBarrier::wait(&empty[s1], ((kt + 1) / S - 1) & 1);
+        copy_b(kt + 1);
+      }
+    } else if (kt + 1 < p.k_tiles && tid == 0) {
+      copy_b(kt + 1);
+    }
+    cutlass::arch::fence_view_async_shared();
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + wg));
+    cutlass::arch::ClusterBarrier::wait(&full[s], (kt / S) & 1);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+    cute::warpgroup_arrive();
+    const uint32_t a_wg = a_tile + wg * (kATileBytes / 2), b_tile = a_tile + kATileBytes;
+#pragma unroll
+    for (int k = 0; k < kBK / 16; ++k) {
+      mma<Op>(smem_desc(a_wg + k * 32), smem_desc(b_tile + k * 32), acc, std::make_index_sequence<BN / 2>());
+    }
+    cute::warpgroup_commit_batch();
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+  }
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < BN / 2; ++i) cute::warpgroup_fence_operand(acc[i]);
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads));
+  T* stage = reinterpret_cast<T*>(smem);
+  constexpr int ld = kBM + kStageRowPad;
+  const T* bias = static_cast<const T*>(p.bias);
+  const int warp = (tid >> 5) & 3, lane = tid & 31;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int n = j * 8 + (lane & 3) * 2 + e;
+      const float bn = bias != nullptr && n0 + n < g.out_channels ? static_cast<float>(bias[n0 + n]) : 0.f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wg * 64 + warp * 16 + (lane >> 2) + 8 * r;
+        stage[n * ld + row] = static_cast<T>(acc[j * 4 + r * 2 + e] + bn);
+      }
+    }
+  }
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads));
+  const int row = tid & (kBM - 1);
+  const int64_t mo = m0 + row;
+  if (mo >= p.M) return;
+  T* out = static_cast<T*>(p.out) + ((mo / P) * g.out_channels + n0) * P + mo % P;
+  const int n_end = g.out_channels - n0 < BN ? g.out_channels - n0 : BN;
+  for (int n = tid >> 7; n < n_end; n += kConsumerThreads / kBM) out[n * P] = stage[n * ld + row];
+}
+
 // wsw[nt][kt][n][swizzled c] = weight[nt * BN + n, c of tap kt, tap of kt] (0 past out_channels),
 // for the bulk copies: a B tile is BN rows of 64 values, 16-byte chunk c of row n at c ^ (n % 8).
 template <typename T, int BN>
@@ -457,16 +635,18 @@ __global__ void deform_conv2d_sm90_weight_kernel(
 }
 
 template <typename T, int BN, int PW, int U>
-void launch(const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tensor& offset, const at::Tensor& weight,
-            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
-  using Cfg = Config<T, BN, PW, U>;
+void launch(
+    const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tensor& offset, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
+  using Cfg = Config<T, BN, PW <= 0 ? 1 : PW, PW <= 0 ? 4 : U>;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int64_t taps = g.taps(), k_tiles = taps * g.in_channels / kBK, n_tiles = (g.out_channels + BN - 1) / BN;
   const at::Tensor w = weight.contiguous();
   at::Tensor wsw = at::empty({n_tiles * k_tiles * BN * kBK}, weight.options());
   const int64_t total = wsw.numel();
-  deform_conv2d_sm90_weight_kernel<T, BN><<<cuda::grid_for(total), cuda::block_size("deform_conv2d_sm90_weight_kernel"), 0, stream>>>(
-      w.const_data_ptr<T>(), wsw.data_ptr<T>(), g.out_channels, g.in_channels, taps, k_tiles, total);
+  deform_conv2d_sm90_weight_kernel<T, BN>
+      <<<cuda::grid_for(total), cuda::block_size("deform_conv2d_sm90_weight_kernel"), 0, stream>>>(
+          w.const_data_ptr<T>(), wsw.data_ptr<T>(), g.out_channels, g.in_channels, taps, k_tiles, total);
   CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_sm90_weight_kernel");
 
   const at::Tensor off = offset.contiguous();
@@ -484,11 +664,22 @@ void launch(const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tenso
   p.k_tiles = static_cast<int>(k_tiles);
   p.c_blocks = static_cast<int>(g.in_channels / kBK);
   p.og_blocks = static_cast<int>(g.in_per_offset_group() / kBK);
-  const auto kernel = deform_conv2d_sm90_implicit_gemm_kernel<T, BN, PW, U>;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const int threads = cuda::block_size("deform_conv2d_sm90_implicit_gemm_kernel") == cuda::kThreads ? Cfg::kThreads : 4096;
+  // PW = 0: the kernel without warp specialization (U corner rows at once).
+  // PW < 0: that kernel with -PW stages, the rest of shared memory left to L1.
+  constexpr int kS = PW < 0 ? -PW : Cfg::kStages;
+  const auto kernel = PW <= 0 ? deform_conv2d_sm90_implicit_gemm_coop_kernel < T, BN, U == 0 ? 4 : U,
+             kS >             : deform_conv2d_sm90_implicit_gemm_kernel < T, BN, PW <= 0 ? 1 : PW, U > ;
+  const int smem_bytes = PW <= 0 ? 1024 + kS * Cfg::kStageBytes + Cfg::kTableBytes + 2 * kS * 8 : Cfg::kSmemBytes;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  if (PW < 0) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (smem_bytes * 100 + 228 * 1024 - 1) / (228 * 1024)));
+  }
+  const int threads = cuda::block_size("deform_conv2d_sm90_implicit_gemm_kernel") == cuda::kThreads
+                          ? (PW <= 0 ? kConsumerThreads : Cfg::kThreads)
+                          : 4096;
   const dim3 grid(static_cast<unsigned>((p.M + kBM - 1) / kBM), static_cast<unsigned>(n_tiles));
-  kernel<<<grid, threads, Cfg::kSmemBytes, stream>>>(p);
+  kernel<<<grid, threads, smem_bytes, stream>>>(p);
   CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_sm90_implicit_gemm_kernel");
 }
 
@@ -507,8 +698,9 @@ static int block_channels(int64_t out_channels) {
   return out_channels <= 64 ? 64 : out_channels <= 128 ? 128 : 256;
 }
 
-void forward(const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tensor& offset, const at::Tensor& weight,
-             const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
+void forward(
+    const DeformConv2dGeometry& g, const at::Tensor& xs, const at::Tensor& offset, const at::Tensor& weight,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   TORCH_CHECK(supported(g, xs), "customops: deform_conv2d's sm90 implicit GEMM cannot run these arguments");
   const int bn = block_channels(g.out_channels);
   AT_DISPATCH_SWITCH(xs.scalar_type(), "deform_conv2d_sm90", AT_DISPATCH_CASE(at::kHalf, [&] {
