@@ -388,64 +388,8 @@ CUDA_CHUNK_CONFIGS = {
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", list(CUDA_CHUNK_CONFIGS))
-def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
-    monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_FORWARD", "columns")  # the chunks are the columns' (16-bit too)
+def test_cuda_chunks_match_cpu(name, dtype):
     _cuda_vs_cpu(_inputs(**CUDA_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
-
-
-# The Hopper implicit GEMM (csrc/ops/deform_conv2d/sm90/): one group, in_channels and
-# in_channels / offset_groups multiples of 64. Blocks of 128 output pixels that end past the
-# batch and span two images, out_channels short of a tile (64, 128 and 256 wide) and over
-# two tiles, several offset groups, strides, dilations, DCNv1, a 5x5 kernel mostly outside.
-IMPLICIT_GEMM_CONFIGS = {
-    "tails_across_images": dict(B=3, C=64, H=13, W=11, C_out=40, groups=1, og=1),
-    "offset_groups_two_tiles": dict(
-        B=2, C=128, H=20, W=18, C_out=300, groups=1, og=2, stride=(2, 1), dil=(1, 2), pad=(2, 1)
-    ),  # fmt: skip
-    "dcnv1_no_bias_1x3": dict(
-        B=1, C=192, H=9, W=30, C_out=128, groups=1, og=3, k=(1, 3), pad=(0, 1), mask=False, bias=False
-    ),  # fmt: skip
-    "5x5_outside": dict(B=2, C=64, H=10, W=12, C_out=96, groups=1, og=1, k=(5, 5), scale=5.0),
-}
-
-
-def _implicit_gemm_unavailable():
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    if torch.cuda.get_device_capability(0)[0] != 9:
-        return "the implicit GEMM runs on compute capability 9.x GPUs alone"
-    if not customops.build_info().get("cutlass_sm90_kernels"):
-        return "this build has no sm_90a kernels (pip install nvidia-cutlass, 9.0 in TORCH_CUDA_ARCH_LIST)"
-    return None
-
-
-@pytest.mark.skipif(_implicit_gemm_unavailable() is not None, reason=str(_implicit_gemm_unavailable()))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", list(IMPLICIT_GEMM_CONFIGS))
-def test_cuda_implicit_gemm_matches_cpu(name, dtype, monkeypatch):
-    monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_FORWARD", "implicit_gemm")
-    _cuda_vs_cpu(_inputs(**IMPLICIT_GEMM_CONFIGS[name]), dtype, *CUDA_TOL[dtype])
-
-
-@pytest.mark.skipif(_implicit_gemm_unavailable() is not None, reason=str(_implicit_gemm_unavailable()))
-@pytest.mark.parametrize("kernel", ["deform_conv2d_sm90_weight_kernel", "deform_conv2d_sm90_implicit_gemm_kernel"])
-def test_implicit_gemm_failed_launch_raises(kernel):
-    from customops.testing.paths import assert_launch_fails
-
-    setup = (
-        "import os; os.environ['CUSTOMOPS_DEFORM_CONV2D_FORWARD'] = 'implicit_gemm'\n"
-        "x = torch.randn(1, 64, 8, 8, device='cuda').half(); w = torch.randn(16, 64, 3, 3, device='cuda').half()\n"
-        "off = torch.zeros(1, 18, 8, 8, device='cuda').half()"
-    )
-    assert_launch_fails(kernel, setup, "customops.deform_conv2d(x, off, w, padding=1)")
-
-
-@needs_cuda
-def test_cuda_forcing_the_implicit_gemm_where_it_cannot_run_raises(monkeypatch):
-    monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_FORWARD", "implicit_gemm")
-    kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _inputs(dtype=torch.float16).items()}
-    with pytest.raises(RuntimeError, match="implicit GEMM cannot run these arguments"):
-        customops.deform_conv2d(**kw)  # two groups, 6 channels
 
 
 @needs_cuda

@@ -37,10 +37,8 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <limits>
 #include <numeric>
-#include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -49,7 +47,6 @@
 #include "../common/cuda_utils.cuh"
 #include "../common/library.h"
 #include "deform_conv2d.h"
-#include "deform_conv2d_sm90.h"
 
 namespace customops {
 namespace {
@@ -942,38 +939,10 @@ at::Tensor group_columns(const at::Tensor& col, const DeformConv2dGeometry& g, c
   return col.narrow(0, 0, K * ch.rows()).view({ch.rows(), g.groups, K / g.groups}).permute({1, 0, 2});
 }
 
-// Whether the forward runs the Hopper implicit GEMM (sm90/implicit_gemm.cu) instead of the
-// columns: only where CUSTOMOPS_DEFORM_CONV2D_FORWARD=implicit_gemm asks for it (an experiment
-// that lost to the columns at most shapes: docs/deform_conv2d.md); asking where it cannot run
-// is an error.
-bool use_implicit_gemm(const DeformConv2dGeometry& g, const at::Tensor& input) {
-  const char* force = std::getenv("CUSTOMOPS_DEFORM_CONV2D_FORWARD");
-  const std::string path = force != nullptr ? force : "";
-#ifdef CUSTOMOPS_WITH_CUTLASS
-  const bool can = deform_conv2d_sm90::supported(g, input);
-#else
-  const bool can = false;
-#endif
-  TORCH_CHECK(
-      path != "implicit_gemm" || can,
-      "customops: CUSTOMOPS_DEFORM_CONV2D_FORWARD=implicit_gemm, but the implicit GEMM cannot run these arguments "
-      "(it needs a build with CUTLASS for sm_90a, a compute capability 9.x GPU, float16 or bfloat16, one group, and "
-      "in_channels and in_channels / offset_groups multiples of 64)");
-  return path == "implicit_gemm";
-}
-
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
-#ifdef CUSTOMOPS_WITH_CUTLASS
-  if (use_implicit_gemm(g, input)) {
-    deform_conv2d_sm90::forward(g, channels_last_copy<T>(input), offset, weight, bias, mask, out);
-    return;
-  }
-#else
-  use_implicit_gemm(g, input);  // the error where it is forced
-#endif
   const CudaOperands o(g, input, offset, weight, mask);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
