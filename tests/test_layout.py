@@ -80,10 +80,11 @@ LAUNCHES_TESTED_ELSEWHERE = {"fused_linear_sigmoid_small_m_kernel": "tests/test_
 def test_every_cuda_kernel_is_in_a_spec():
     # The names the launch checks report (CUSTOMOPS_CUDA_LAUNCH_CHECK, launch_elementwise).
     launched = set()
-    for folder in os.listdir(os.path.join(ROOT, "csrc", "ops")):
-        for name in os.listdir(os.path.join(ROOT, "csrc", "ops", folder)):
+    for folder, _, names in os.walk(os.path.join(ROOT, "csrc", "ops")):
+        for name in names:
             if name.endswith((".cu", ".cuh")):
-                launched |= set(re.findall(r'"([a-z][a-z0-9_]*_kernel)"', _code("csrc", "ops", folder, name)))
+                rel = os.path.relpath(os.path.join(folder, name), ROOT).split(os.sep)
+                launched |= set(re.findall(r'"([a-z][a-z0-9_]*_kernel)"', _code(*rel)))
     in_specs = {k for s in OP_SPECS for k in s.cuda_kernels}
     assert launched - in_specs - set(LAUNCHES_TESTED_ELSEWHERE) == set(), "add these kernels to their op's cuda_kernels"
     assert in_specs <= launched, f"specs name kernels that no launch check reports: {in_specs - launched}"
