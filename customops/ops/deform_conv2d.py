@@ -56,10 +56,11 @@ def deform_conv2d(
         ``offset_groups = offset.shape[1] / (2 kh kw)`` must divide ``C_in``. Every tensor of one
         floating dtype (float32, float16, bfloat16; float64 for gradcheck), on one device (CPU
         or CUDA), any strides (channels_last included). 16-bit inputs: sampling positions and
-        bilinear weights in float32; on the CPU all in float32, rounded once; on CUDA the four
-        corners blend in 16-bit FMAs into 16-bit columns, whose GEMMs accumulate in float32
-        (forward error against float64 at 8x256x64x64: 4.4e-4 in float16, 3.5e-3 in bfloat16;
-        docs/deform_conv2d.md). float32 GEMMs follow torch's matmul precision settings.
+        bilinear weights in float32; on the CPU all in float32, rounded once; on CUDA, float16's
+        four corners blend in float16 FMAs (bfloat16's in float32, rounded once) into 16-bit
+        columns, whose GEMMs accumulate in float32 (forward error against float64 at
+        8x256x64x64: 4.4e-4 in float16, 2.7e-3 in bfloat16; docs/deform_conv2d.md). float32
+        GEMMs follow torch's matmul precision settings.
 
     Returns:
         A new contiguous (NCHW) tensor ``(B, C_out, H_out, W_out)`` of ``input``'s dtype and
