@@ -42,6 +42,11 @@ def shapes():
         Shape(32, 256, 28, 28, 256, 1, 1, f16, False, note="P=784"),
         Shape(8, 512, 50, 84, 512, 1, 1, TF32, False, 3, 2, 1, note="stride 2"),
         Shape(8, 256, 64, 64, 256, 8, 1, f16, False, note="groups 8"),
+        Shape(8, 256, 64, 64, 256, 1, 16, f16, False, note="16 channels per offset group"),
+        Shape(8, 256, 64, 64, 256, 1, 16, f32, False, note="16 channels per offset group"),
+        Shape(8, 128, 64, 64, 256, 128, 1, f16, False, note="one input channel per group"),
+        Shape(4, 96, 56, 56, 96, 3, 3, f16, False, note="32 channels per group"),
+        Shape(4, 40, 56, 56, 40, 1, 5, f32, False, note="8 channels per offset group"),
     ]
     return CUDA_SHAPES + model_shapes(f32, (1, 8)) + model_shapes(f16, (1, 8)) + extra
 

@@ -2,8 +2,8 @@
 //
 // The kernels read the input channels-last (a copy per chunk of images, by a tiled transpose
 // kernel; none for a channels_last input), so that the four neighbours of a sampling point are
-// four runs of contiguous channels, read in 16-byte vectors; the sampling point is computed
-// once per run.
+// four runs of contiguous channels, read in 16-byte vectors; the column kernel computes each
+// sampling point once per block, into shared memory, and fills its columns in whole lines.
 // The work goes in chunks of whole images (or runs of one image's pixels) whose buffers
 // (columns and GEMM output; in the backward also the channels-last images and grad_input
 // accumulator) stay within a budget (chunk_budget, at most kChunkMaxBytes): the extra memory
@@ -97,93 +97,19 @@ struct Chunk {
 // 239 to 212 us on the H200 (docs/deform_conv2d.md).
 using Divider = at::cuda::detail::IntDivider<uint32_t>;
 
-// The column kernels' layout. Columns: (rows, groups, kh * kw, in_channels / groups), so the
-// channels of one sample are contiguous, like the channels-last input they are read from.
-// A work item is V channels of one (row, group, tap), channels fastest; with one channel per
-// group (depthwise) the groups are fastest instead, so that a warp still reads adjacent
-// channels.
-struct ColumnLayout {
-  DeformConv2dGeometry g;
-  Chunk ch;
-  // Items per chunk and output pixels per image stay below 2^31 (plan_chunks), so an item's
-  // index splits in 32 bits.
-  Divider vecs;  // V-channel vectors per (row, group, tap)
-  // Items whose 16-byte sub-vectors interleave: item w of a run of `run` takes sub-vectors
-  // w, w + run, w + 2 run, ..., so that adjacent threads touch adjacent 16 bytes (a run spans
-  // channels of one offset group; 1: an item's V channels are contiguous).
-  Divider run;
-  Divider taps, groups, n, out_w, kw;
-  Divider og_vecs;  // V-channel vectors per offset group
-  bool one_channel;  // in_channels / groups == 1
-};
-
-struct ColumnItem {
-  int64_t col;  // offset of the item's first value in the chunk's columns
-  int64_t b, bl, c;
-  uint32_t p, oy, ox, k, i, j, og;
-};
-
 // Channels per load or store: V channels per work item move in loads of at most 16 bytes.
 template <typename T, int V>
 constexpr int sub_vec() {
   return V < 16 / static_cast<int>(sizeof(T)) ? V : 16 / static_cast<int>(sizeof(T));
 }
 
-template <typename T, int V, bool kInterleave>
-__device__ __forceinline__ ColumnItem column_item(const ColumnLayout& L, int64_t idx64) {
-  const uint32_t idx = static_cast<uint32_t>(idx64);
-  ColumnItem it;
-  uint32_t r, gi, v = 0;
-  if (L.one_channel) {
-    const auto a = L.groups.divmod(idx), b = L.taps.divmod(a.div);
-    gi = a.mod;
-    r = b.div;
-    it.k = b.mod;
-    it.col = (static_cast<int64_t>(r) * L.groups.divisor + gi) * L.taps.divisor + it.k;
-  } else {
-    const auto a = L.vecs.divmod(idx), b = L.taps.divmod(a.div), c = L.groups.divmod(b.div);
-    v = a.mod;
-    it.k = b.mod;
-    r = c.div;
-    gi = c.mod;
-    it.col = idx64 * V;
-  }
-  constexpr int S = sub_vec<T, V>();
-  // The item's place in its run: its first sub-vector is w * S channels in.
-  const uint32_t w = kInterleave ? L.run.mod(v) : 0;
-  it.col -= static_cast<int64_t>(w) * (V - S);
-  const auto rb = L.n.divmod(r), yx = L.out_w.divmod(static_cast<uint32_t>(L.ch.p0) + rb.mod), ij = L.kw.divmod(it.k);
-  it.bl = rb.div;
-  it.b = L.ch.b0 + rb.div;
-  it.p = static_cast<uint32_t>(L.ch.p0) + rb.mod;
-  it.oy = yx.div;
-  it.ox = yx.mod;
-  it.i = ij.div;
-  it.j = ij.mod;
-  const uint32_t gv = gi * L.vecs.divisor + (v - w);  // the run's first V-vector in the image's channels
-  it.og = L.og_vecs.div(gv);
-  it.c = static_cast<int64_t>(gv) * V + w * S;
-  return it;
-}
-
-template <typename T, typename A>
-__device__ __forceinline__ BilinearTap<A> item_tap(
-    const ColumnLayout& L, const ColumnItem& it, const T* off, const T* msk, A* m) {
-  const DeformConv2dGeometry& g = L.g;
-  const int64_t taps = L.taps.divisor, P = g.out_pixels();
-  return sample_at<T, A>(
-      g, off + it.b * g.offset_groups * taps * 2 * P, msk ? msk + it.b * g.offset_groups * taps * P : nullptr, it.oy,
-      it.ox, it.p, it.i, it.j, it.og * taps + it.k, m);
-}
-
-// a[j] = src[j], j < V, in opmath; with step, sub-vector u (sub_vec<T, V> values) comes from
-// src + u * step instead.
+// a[j] = src[j], j < V, in opmath, in loads of sub_vec<T, V> values.
 template <typename T, typename A, int V>
-__device__ __forceinline__ void load_vec(const T* src, A (&a)[V], int step = sub_vec<T, V>()) {
+__device__ __forceinline__ void load_vec(const T* src, A (&a)[V]) {
   constexpr int S = sub_vec<T, V>();
 #pragma unroll
   for (int u = 0; u < V; u += S) {
-    const auto val = *reinterpret_cast<const cuda::AlignedVec<T, S>*>(src + u / S * step);
+    const auto val = *reinterpret_cast<const cuda::AlignedVec<T, S>*>(src + u);
 #pragma unroll
     for (int j = 0; j < S; ++j) a[u + j] = static_cast<A>(val.v[j]);
   }
@@ -200,7 +126,7 @@ __device__ __forceinline__ void store_16_bytes(T* dst, const T (&v)[16 / sizeof(
 }
 
 template <typename T, typename A, int V>
-__device__ __forceinline__ void store_vec(T* dst, const A (&a)[V], int step = sub_vec<T, V>()) {
+__device__ __forceinline__ void store_vec(T* dst, const A (&a)[V]) {
   constexpr int S = sub_vec<T, V>();
 #pragma unroll
   for (int u = 0; u < V; u += S) {
@@ -208,28 +134,26 @@ __device__ __forceinline__ void store_vec(T* dst, const A (&a)[V], int step = su
 #pragma unroll
     for (int j = 0; j < S; ++j) val[j] = static_cast<T>(a[u + j]);
     if constexpr (S * sizeof(T) == 16) {
-      store_16_bytes(dst + u / S * step, val);
+      store_16_bytes(dst + u, val);
     } else {
       cuda::AlignedVec<T, S> vec;
 #pragma unroll
       for (int j = 0; j < S; ++j) vec.v[j] = val[j];
-      *reinterpret_cast<cuda::AlignedVec<T, S>*>(dst + u / S * step) = vec;
+      *reinterpret_cast<cuda::AlignedVec<T, S>*>(dst + u) = vec;
     }
   }
 }
 
-// s[j] = bilinear(channel c + j) at tap, from a channels-last image (pixel stride C); step as
-// in load_vec.
+// s[j] = bilinear(channel c + j) at tap, from a channels-last image (pixel stride C).
 template <typename T, typename A, int V>
-__device__ __forceinline__ void gather(
-    const T* img, int64_t C, const BilinearTap<A>& tap, A (&s)[V], int step = sub_vec<T, V>()) {
+__device__ __forceinline__ void gather(const T* img, int64_t C, const BilinearTap<A>& tap, A (&s)[V]) {
 #pragma unroll
   for (int j = 0; j < V; ++j) s[j] = 0;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     if (tap.idx[q] >= 0) {
       A val[V];
-      load_vec<T, A, V>(img + tap.idx[q] * C, val, step);
+      load_vec<T, A, V>(img + tap.idx[q] * C, val);
 #pragma unroll
       for (int j = 0; j < V; ++j) s[j] += tap.w[q] * val[j];
     }
@@ -259,43 +183,6 @@ struct Packed<c10::Half> {
 template <typename T, int V>
 constexpr bool kPackedBlend = !std::is_void<typename Packed<T>::T2>::value && V % 2 == 0;
 
-// dst[j] = sum over corners q of w[q] * img[idx[q] * C + j], j < V, blended in Packed<T>::T2;
-// step as in load_vec.
-template <typename T, int V>
-__device__ __forceinline__ void gather_store_packed(
-    const T* img, int64_t C, const BilinearTap<float>& tap, T* dst, int step) {
-  using T2 = typename Packed<T>::T2;
-  constexpr int S = sub_vec<T, V>();
-  T2 s[V / 2];
-#pragma unroll
-  for (int j = 0; j < V / 2; ++j) s[j] = Packed<T>::splat(0.f);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    if (tap.idx[q] >= 0) {
-      const T2 w = Packed<T>::splat(tap.w[q]);
-      const T* src = img + tap.idx[q] * C;
-#pragma unroll
-      for (int u = 0; u < V; u += S) {
-        // Loaded as 32-bit words: a vector of T2 compiles to 32-bit loads.
-        const auto val = *reinterpret_cast<const cuda::AlignedVec<uint32_t, S / 2>*>(src + u / S * step);
-#pragma unroll
-        for (int j = 0; j < S / 2; ++j) {
-          T2 x;
-          memcpy(&x, &val.v[j], sizeof(x));
-          s[u / 2 + j] = Packed<T>::fma(w, x, s[u / 2 + j]);
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < V; u += S) {
-    cuda::AlignedVec<uint32_t, S / 2> val;
-#pragma unroll
-    for (int j = 0; j < S / 2; ++j) memcpy(&val.v[j], &s[u / 2 + j], sizeof(val.v[j]));
-    *reinterpret_cast<cuda::AlignedVec<uint32_t, S / 2>*>(dst + u / S * step) = val;
-  }
-}
-
 // dst[j] += v[j], j < V: 16-byte vector atomics where the GPU has them (sm_90 and later).
 template <typename A, int V>
 __device__ __forceinline__ void atomic_add_vec(A* dst, const A (&v)[V]) {
@@ -319,34 +206,160 @@ __device__ __forceinline__ void atomic_add_vec(A* dst, const A (&v)[V]) {
   }
 }
 
-// Columns of the chunk: col[item] = mask * bilinear(x, the item's tap), V channels per item.
-// xs: the chunk's images, channels-last (NHWC) contiguous. kInterleave: the items of a run
-// interleave their sub-vectors (ColumnLayout::run).
-template <typename T, int V, bool kInterleave>
-__global__ void deform_conv2d_im2col_kernel(
-    const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, ColumnLayout L,
-    T* __restrict__ col) {
+// The columns as units: U channels of one (row, group, tap, u), u < in_per_group / U, where U
+// = gcd(in_per_group, in_per_offset_group), so that a unit has one sampling point and its
+// columns are U contiguous values at unit * U. A block takes nu consecutive units: first a
+// thread per unit computes its sampling point (corner offsets and weights, the mask folded in)
+// into shared memory, then the block fills the units' columns S channels (16 bytes) per item,
+// adjacent threads on adjacent 16 bytes of a unit, so that every load and store instruction
+// touches whole lines of a unit's corners and columns, whatever the offset groups' width, and
+// a sampling point is computed once, not once per item (H200, 8x256x64x64 float16: 34 -> 28
+// us per chunk of columns, and 73 -> 40 us with 4 offset groups, against the previous kernel
+// that computed the point per 64-byte item; docs/deform_conv2d.md). Units of one item skip the
+// staging. With one channel per group (groups_fastest) the units go groups fastest instead
+// (unit q: row, tap, group), so that a warp reads adjacent channels.
+struct UnitLayout {
+  DeformConv2dGeometry g;
+  Chunk ch;
+  Divider per_tap;  // units per (row, group, tap): in_per_group / U
+  Divider subvecs;  // items per unit: U / S
+  Divider taps, groups, n, out_w, kw, og_channels;
+  int64_t U, units;  // units of the chunk: below 2^31, as its columns' values (plan_chunks)
+  int nu;            // units per block
+  bool groups_fastest;
+};
+
+template <typename T, int S>
+using UnitWeight = std::conditional_t<kPackedBlend<T, S>, typename Packed<T>::T2, at::opmath_type<T>>;
+
+template <typename T, int S>
+constexpr int64_t unit_smem_bytes() {
+  return 4 * sizeof(int64_t) + 4 * sizeof(UnitWeight<T, S>) + sizeof(int64_t);
+}
+
+// The sampling point of unit q: the element offsets in xs of its four corners' first channels
+// (-1: none) and their weights with the mask folded in; returns the offset of the unit's columns.
+template <typename T, int S>
+__device__ __forceinline__ int64_t
+unit_point(const UnitLayout& L, uint32_t q, const T* off, const T* msk, int64_t (&src)[4], UnitWeight<T, S> (&w)[4]) {
   using A = at::opmath_type<T>;
   const DeformConv2dGeometry& g = L.g;
-  const int64_t C = g.in_channels, plane = g.height * g.width;
-  const int64_t total = L.ch.rows() * g.groups * g.taps() * L.vecs.divisor;
-  // Channels between an item's sub-vectors. Constant when not interleaved: ptxas then batches
-  // the corners' loads (a runtime step of one sub-vector ran 2.6x slower).
-  const int step = kInterleave ? static_cast<int>(L.run.divisor) * sub_vec<T, V>() : sub_vec<T, V>();
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const ColumnItem it = column_item<T, V, kInterleave>(L, idx);
-    A m;
-    BilinearTap<A> tap = item_tap<T, A>(L, it, off, msk, &m);
+  const int64_t taps = g.taps(), P = g.out_pixels();
+  uint32_t r, gi, k, u = 0;
+  if (L.groups_fastest) {
+    const auto a = L.groups.divmod(q), b = L.taps.divmod(a.div);
+    gi = a.mod;
+    k = b.mod;
+    r = b.div;
+  } else {
+    const auto a = L.per_tap.divmod(q), b = L.taps.divmod(a.div), c = L.groups.divmod(b.div);
+    u = a.mod;
+    k = b.mod;
+    gi = c.mod;
+    r = c.div;
+  }
+  const uint32_t c0 = gi * static_cast<uint32_t>(g.in_per_group()) + u * static_cast<uint32_t>(L.U);
+  const auto rb = L.n.divmod(r);
+  const uint32_t p = static_cast<uint32_t>(L.ch.p0) + rb.mod;
+  const auto yx = L.out_w.divmod(p), ij = L.kw.divmod(k);
+  const int64_t bl = rb.div, b = L.ch.b0 + bl;
+  A m;
+  const BilinearTap<A> tap = sample_at<T, A>(
+      g, off + b * g.offset_groups * taps * 2 * P, msk ? msk + b * g.offset_groups * taps * P : nullptr, yx.div, yx.mod,
+      p, ij.div, ij.mod, L.og_channels.div(c0) * taps + k, &m);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) tap.w[q] *= m;  // the mask folded into the corners' weights
-    if constexpr (kPackedBlend<T, V>) {
-      gather_store_packed<T, V>(xs + it.bl * plane * C + it.c, C, tap, col + it.col, step);
+  for (int c = 0; c < 4; ++c) {
+    src[c] = tap.idx[c] < 0 ? -1 : (bl * g.height * g.width + tap.idx[c]) * g.in_channels + c0;
+    if constexpr (kPackedBlend<T, S>) {
+      w[c] = Packed<T>::splat(tap.w[c] * m);
     } else {
-      A s[V];
-      gather<T, A, V>(xs + it.bl * plane * C + it.c, C, tap, s, step);
-      store_vec<T, A, V>(col + it.col, s, step);
+      w[c] = tap.w[c] * m;
     }
+  }
+  return L.groups_fastest ? (static_cast<int64_t>(r) * g.groups + gi) * taps + k : static_cast<int64_t>(q) * L.U;
+}
+
+// dst[j] = sum over corners c of w[c] * xs[src[c] + j], j < S: float16 in packed FMAs
+// (kPackedBlend), the other types in opmath.
+template <typename T, int S>
+__device__ __forceinline__ void blend_store(
+    const T* __restrict__ xs, const int64_t (&src)[4], const UnitWeight<T, S> (&w)[4], T* __restrict__ dst) {
+  if constexpr (kPackedBlend<T, S>) {
+    using T2 = typename Packed<T>::T2;
+    T2 s[S / 2];
+#pragma unroll
+    for (int j = 0; j < S / 2; ++j) s[j] = Packed<T>::splat(0.f);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (src[c] < 0) continue;
+      // Loaded as 32-bit words: a vector of T2 compiles to 32-bit loads.
+      const auto val = *reinterpret_cast<const cuda::AlignedVec<uint32_t, S / 2>*>(xs + src[c]);
+#pragma unroll
+      for (int j = 0; j < S / 2; ++j) {
+        T2 x;
+        memcpy(&x, &val.v[j], sizeof(x));
+        s[j] = Packed<T>::fma(w[c], x, s[j]);
+      }
+    }
+    cuda::AlignedVec<uint32_t, S / 2> val;
+#pragma unroll
+    for (int j = 0; j < S / 2; ++j) memcpy(&val.v[j], &s[j], sizeof(val.v[j]));
+    *reinterpret_cast<cuda::AlignedVec<uint32_t, S / 2>*>(dst) = val;
+  } else {
+    using A = at::opmath_type<T>;
+    A s[S];
+#pragma unroll
+    for (int j = 0; j < S; ++j) s[j] = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      if (src[c] < 0) continue;
+      A val[S];
+      load_vec<T, A, S>(xs + src[c], val);
+#pragma unroll
+      for (int j = 0; j < S; ++j) s[j] += w[c] * val[j];
+    }
+    store_vec<T, A, S>(dst, s);
+  }
+}
+
+// Columns of the chunk: col = mask * bilinear(x, the unit's tap), S channels per item (see
+// UnitLayout). xs: the chunk's images, channels-last (NHWC) contiguous.
+template <typename T, int S>
+__global__ void deform_conv2d_im2col_kernel(
+    const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, UnitLayout L, T* __restrict__ col) {
+  using W = UnitWeight<T, S>;
+  if (L.subvecs.divisor == 1) {  // one item per unit: nothing to share, no staging
+    for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < L.units;
+         q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      int64_t src[4];
+      W w[4];
+      const int64_t at = unit_point<T, S>(L, static_cast<uint32_t>(q), off, msk, src, w);
+      blend_store<T, S>(xs, src, w, col + at);
+    }
+    return;
+  }
+  extern __shared__ __align__(16) unsigned char unit_smem[];
+  int64_t (*src)[4] = reinterpret_cast<int64_t (*)[4]>(unit_smem);
+  W(*wts)[4] = reinterpret_cast<W(*)[4]>(unit_smem + L.nu * 4 * sizeof(int64_t));
+  int64_t* dst = reinterpret_cast<int64_t*>(unit_smem + L.nu * 4 * (sizeof(int64_t) + sizeof(W)));
+  const int64_t blocks = ceil_div(L.units, L.nu);
+  for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    const int64_t u0 = blk * L.nu;
+    const int nu = static_cast<int>(std::min<int64_t>(L.nu, L.units - u0));
+    for (int e = threadIdx.x; e < nu; e += blockDim.x) {
+      dst[e] = unit_point<T, S>(L, static_cast<uint32_t>(u0 + e), off, msk, src[e], wts[e]);
+    }
+    __syncthreads();
+    const int items = nu * static_cast<int>(L.subvecs.divisor);
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+      const auto us = L.subvecs.divmod(static_cast<uint32_t>(it));
+      const int e = static_cast<int>(us.div), sv = static_cast<int>(us.mod) * S;
+      int64_t at[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) at[c] = src[e][c] < 0 ? -1 : src[e][c] + sv;
+      blend_store<T, S>(xs, at, wts[e], col + dst[e] + sv);
+    }
+    __syncthreads();
   }
 }
 
@@ -536,6 +549,16 @@ __global__ void deform_conv2d_depthwise_kernel(
   }
 }
 
+// Launches kernel (named name in errors and in the failed-launch test hook) over total work
+// items on the current stream; none for no work.
+#define DEFORM_CONV2D_LAUNCH(name, kernel, total, ...)                                                             \
+  do {                                                                                                             \
+    if ((total) > 0) {                                                                                             \
+      kernel<<<cuda::grid_for(total), cuda::block_size(name), 0, at::cuda::getCurrentCUDAStream()>>>(__VA_ARGS__); \
+      CUSTOMOPS_CUDA_LAUNCH_CHECK(name);                                                                           \
+    }                                                                                                              \
+  } while (0)
+
 // dst[b][c][r] = src[b][r][c] (+ bias[c]), converted to To: NCHW <-> NHWC copies through
 // shared-memory tiles, so that both sides are read and written in whole rows (torch's copy into
 // a channels-last tensor walks one side with a stride). A block per tile: grid x the more
@@ -612,10 +635,33 @@ __global__ void deform_conv2d_transpose_kernel(
   }
 }
 
+// The same copy for thin matrices (a side under kTile, e.g. the weight's kh * kw taps), an
+// element per thread along the destination's rows: tiles would leave most lanes idle (the
+// weight's 256 x 256 x 9 float16 reorder took 6.9 us in tiles on the H200).
+template <typename Ti, typename To>
+__global__ void deform_conv2d_thin_transpose_kernel(
+    const Ti* __restrict__ src, To* __restrict__ dst, const To* __restrict__ bias, TransposeShape s, Divider rows,
+    Divider cols, uint32_t total) {
+  using S = at::opmath_type<Ti>;
+  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
+    const auto a = rows.divmod(idx), b = cols.divmod(a.div);
+    const int64_t r = a.mod, c = b.mod, n = b.div;
+    const S v = static_cast<S>(src[n * s.src_batch + r * s.src_ld + c]) + (bias ? static_cast<S>(bias[c]) : S(0));
+    dst[n * s.dst_batch + c * s.dst_ld + r] = static_cast<To>(v);
+  }
+}
+
 // See deform_conv2d_transpose_kernel; bias: nullptr for none.
 template <typename Ti, typename To>
 void transpose_into(const Ti* src, To* dst, TransposeShape s, const To* bias = nullptr) {
   if (s.batch == 0 || s.rows == 0 || s.cols == 0) return;
+  const int64_t total = s.batch * s.rows * s.cols;
+  if (std::min(s.rows, s.cols) < kTile && total <= std::numeric_limits<uint32_t>::max()) {
+    DEFORM_CONV2D_LAUNCH(
+        "deform_conv2d_transpose_kernel", (deform_conv2d_thin_transpose_kernel<Ti, To>), total, src, dst, bias, s,
+        Divider(static_cast<uint32_t>(s.rows)), Divider(static_cast<uint32_t>(s.cols)), static_cast<uint32_t>(total));
+    return;
+  }
   constexpr int64_t Ei = 16 / sizeof(Ti), Eo = 16 / sizeof(To);
   const bool vec = cuda::is_aligned(src, 16) && cuda::is_aligned(dst, 16) && s.cols % Ei == 0 && s.src_ld % Ei == 0 &&
                    s.src_batch % Ei == 0 && s.rows % Eo == 0 && s.dst_ld % Eo == 0 && s.dst_batch % Eo == 0;
@@ -644,16 +690,6 @@ template <typename Ti, typename To>
 void transpose_into(const Ti* src, To* dst, int64_t batch, int64_t rows, int64_t cols) {
   transpose_into<Ti, To>(src, dst, TransposeShape{batch, rows, cols, cols, rows * cols, rows, rows * cols});
 }
-
-// Launches kernel (named name in errors and in the failed-launch test hook) over total work
-// items on the current stream; none for no work.
-#define DEFORM_CONV2D_LAUNCH(name, kernel, total, ...)                                                             \
-  do {                                                                                                             \
-    if ((total) > 0) {                                                                                             \
-      kernel<<<cuda::grid_for(total), cuda::block_size(name), 0, at::cuda::getCurrentCUDAStream()>>>(__VA_ARGS__); \
-      CUSTOMOPS_CUDA_LAUNCH_CHECK(name);                                                                           \
-    }                                                                                                              \
-  } while (0)
 
 // out (batch, channels, P) = bias[channel], E values per 16-byte store: the bias as the GEMMs'
 // C operand. torch's copy of the broadcast bias stores value by value through an index
@@ -688,8 +724,8 @@ void fill_bias(at::Tensor& out, const at::Tensor& bias) {
 // Channels per work item: the largest power of two up to max_bytes that divides channels
 // (the channels per group and per offset group, so that an item never straddles either),
 // with 16-byte-aligned data. More channels per item spread a sampling point's index
-// arithmetic over more loads (im2col: up to 64 bytes); col2im, bound by its atomics, runs
-// faster with more, smaller items (kCol2imMaxV channels, at most 16 bytes).
+// arithmetic over more loads (the depthwise forward: up to 64 bytes); col2im, bound by its
+// atomics, runs faster with more, smaller items (kCol2imMaxV channels, at most 16 bytes).
 template <typename T>
 int vector_width(int64_t channels, bool aligned, int max_bytes = 64) {
   int v = aligned ? max_bytes / static_cast<int>(sizeof(T)) : 1;
@@ -818,22 +854,6 @@ struct CudaOperands {
   }
 };
 
-ColumnLayout column_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v) {
-  ColumnLayout L;
-  L.g = g;
-  L.ch = ch;
-  L.one_channel = g.in_per_group() == 1;
-  L.vecs = Divider(static_cast<uint32_t>(g.in_per_group() / v));
-  L.taps = Divider(static_cast<uint32_t>(g.taps()));
-  L.groups = Divider(static_cast<uint32_t>(g.groups));
-  L.n = Divider(static_cast<uint32_t>(ch.n));
-  L.out_w = Divider(static_cast<uint32_t>(g.out_w));
-  L.kw = Divider(static_cast<uint32_t>(g.kw));
-  L.og_vecs = Divider(static_cast<uint32_t>(g.in_per_offset_group() / v));
-  L.run = Divider(L.one_channel ? 1 : static_cast<uint32_t>(std::gcd(g.in_per_group(), g.in_per_offset_group()) / v));
-  return L;
-}
-
 // The backward's tiles: 8 x 16 output pixels (fewer for a smaller output or chunk), for V
 // channels per thread.
 TileLayout tile_layout(const DeformConv2dGeometry& g, const Chunk& ch, int v) {
@@ -901,23 +921,38 @@ int chunk_vector_width(const DeformConv2dGeometry& g, const at::Tensor& xs, int 
 template <typename T>
 void launch_im2col(
     const CudaOperands& o, const DeformConv2dGeometry& g, const Chunk& ch, const at::Tensor& xs, at::Tensor& col) {
-  const int v = chunk_vector_width<T>(g, xs, 64);
-  const ColumnLayout L = column_layout(g, ch, v);
-  const int64_t total = ch.rows() * g.groups * g.taps() * L.vecs.divisor;
-  // Interleaved where a run's sub-vectors fill half a 128-byte line or more: fewer lines per
-  // load and store instruction per sampling point (H200: 8x256x64x64 float16 34 -> 29 us per
-  // chunk, runs of 16; 2x64x256x256 float32 forward 775 -> 730 us, runs of 4; with runs of
-  // two, 287 -> 436 us at 8x256x64x64 float16 with 4 offset groups).
-  const bool interleave = L.run.divisor * 16 >= 64;
-  with_vector_width<T>(v, [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
-    auto kernel = deform_conv2d_im2col_kernel<T, V, false>;
-    if constexpr (V > sub_vec<T, V>()) {
-      if (interleave) kernel = deform_conv2d_im2col_kernel<T, V, true>;
-    }
-    DEFORM_CONV2D_LAUNCH(
-        "deform_conv2d_im2col_kernel", kernel, total, xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(),
-        o.mask_ptr<T>(), L, col.data_ptr<T>());
+  const int64_t Cg = g.in_per_group(), U = std::gcd(Cg, g.in_per_offset_group());
+  // Channels per item: 16 bytes where the unit's channels and the images' pointer allow.
+  int s = 16 / static_cast<int>(sizeof(T));
+  while (s > 1 && (U % s != 0 || !cuda::is_aligned(xs.const_data_ptr<T>(), s * static_cast<int>(sizeof(T))))) s /= 2;
+  UnitLayout L;
+  L.g = g;
+  L.ch = ch;
+  L.U = U;
+  L.per_tap = Divider(static_cast<uint32_t>(Cg / U));
+  L.subvecs = Divider(static_cast<uint32_t>(U / s));
+  L.taps = Divider(static_cast<uint32_t>(g.taps()));
+  L.groups = Divider(static_cast<uint32_t>(g.groups));
+  L.n = Divider(static_cast<uint32_t>(ch.n));
+  L.out_w = Divider(static_cast<uint32_t>(g.out_w));
+  L.kw = Divider(static_cast<uint32_t>(g.kw));
+  L.og_channels = Divider(static_cast<uint32_t>(g.in_per_offset_group()));
+  L.units = ch.rows() * g.groups * g.taps() * (Cg / U);
+  // About 8 items per thread of a 256-thread block, at most a unit per thread (staged: more
+  // than one item per unit).
+  L.nu = static_cast<int>(std::clamp<int64_t>(2048 / (U / s), 1, cuda::kThreads));
+  L.groups_fastest = Cg == 1;
+  if (L.units == 0) return;
+  const bool staged = U / s > 1;
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t blocks = std::min(ceil_div(L.units, staged ? L.nu : cuda::kThreads), sms * 16);
+  with_vector_width<T, 16 / static_cast<int>(sizeof(T))>(s, [&](auto sw) {
+    constexpr int S = decltype(sw)::value;
+    deform_conv2d_im2col_kernel<T, S>
+        <<<static_cast<unsigned>(blocks), cuda::block_size("deform_conv2d_im2col_kernel"),
+           staged ? L.nu * unit_smem_bytes<T, S>() : 0, at::cuda::getCurrentCUDAStream()>>>(
+            xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, col.data_ptr<T>());
+    CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_im2col_kernel");
   });
 }
 
