@@ -14,6 +14,10 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     PYTHONPATH=$PWD python benchmarks/ab_deform_conv2d.py run new >> ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
+Paths that an environment variable selects need one build: label the default run ``old`` and
+the run with the variable set ``new``, e.g.
+``CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT=gather python benchmarks/ab_deform_conv2d.py run new``.
+
 ``run LABEL [SUBSTRING]`` prints one tab-separated line per shape (label, shape, dtype, fwd µs,
 fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose name or dtype contains it.
 """
