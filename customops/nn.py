@@ -1,6 +1,7 @@
 """Modules built on customops' ops."""
 
 import math
+import operator
 import sys
 from typing import Optional, Tuple
 
@@ -103,8 +104,20 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
     return fused
 
 
-def _pair(v) -> Tuple[int, int]:
-    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+def _pair(v, name: str = "kernel_size") -> Tuple[int, int]:
+    try:
+        if not isinstance(v, (tuple, list)):
+            return (operator.index(v),) * 2
+        if len(v) == 2:
+            return (operator.index(v[0]), operator.index(v[1]))
+    except TypeError:
+        pass
+    raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}")
+
+
+def _check_positive(name: str, v: int) -> None:
+    if v < 1:
+        raise ValueError(f"customops: expected {name} to be >= 1, but got {v}")
 
 
 class DeformConv2d(nn.Module):
@@ -117,7 +130,10 @@ class DeformConv2d(nn.Module):
     initialization and state_dict keys as torchvision's, so its checkpoints load as they are.
     ``forward(input, offset, mask=None)``: the offsets (and the DCNv2 mask) come from the
     caller, with the shapes of :func:`customops.deform_conv2d` (Dai et al. 2017; Zhu et al.
-    2019). Raises ValueError when ``groups`` does not divide both channel counts.
+    2019). Raises ValueError when ``groups`` or a side of ``kernel_size`` is below 1 or
+    ``groups`` does not divide both channel counts, and TypeError when ``kernel_size``,
+    ``stride``, ``padding`` or ``dilation`` is not an int or a pair of ints (their values are
+    checked at the first call, as :func:`customops.deform_conv2d` checks them).
     """
 
     __constants__ = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"]
@@ -136,16 +152,19 @@ class DeformConv2d(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        _check_positive("groups", groups)
+        kernel_size = _pair(kernel_size)
+        _check_positive("kernel_size", min(kernel_size))
         if in_channels % groups != 0:
             raise ValueError(f"customops: expected in_channels ({in_channels}) to be divisible by groups ({groups})")
         if out_channels % groups != 0:
             raise ValueError(f"customops: expected out_channels ({out_channels}) to be divisible by groups ({groups})")
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = _pair(padding)
-        self.dilation = _pair(dilation)
+        self.kernel_size = kernel_size
+        self.stride = _pair(stride, "stride")
+        self.padding = _pair(padding, "padding")
+        self.dilation = _pair(dilation, "dilation")
         self.groups = groups
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
         if bias:
@@ -183,9 +202,10 @@ class ModulatedDeformConv2d(DeformConv2d):
     stride, padding, dilation)``, gives ``2 * offset_groups * kh * kw`` offset channels followed
     by ``offset_groups * kh * kw`` mask logits (the layout of mmcv's ModulatedDeformConv2dPack);
     the mask is their sigmoid. ``conv_offset`` starts at zero (weight and bias), as in DCNv2, so
-    a new layer samples the regular grid with mask 0.5: a plain convolution (scaled by 0.5)
-    until training moves the offsets. Other arguments and parameters as :class:`DeformConv2d`;
-    ``offset_groups`` must divide ``in_channels``.
+    a new layer samples the regular grid with mask 0.5: ``0.5 * conv2d(input, weight) + bias``
+    (the bias is not scaled) until training moves the offsets and the mask. Other arguments and
+    parameters as :class:`DeformConv2d`; ``offset_groups`` must be >= 1 and divide
+    ``in_channels`` (else ValueError).
     """
 
     def __init__(
@@ -201,6 +221,7 @@ class ModulatedDeformConv2d(DeformConv2d):
         bias: bool = True,
     ) -> None:
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
+        _check_positive("offset_groups", offset_groups)
         if in_channels % offset_groups != 0:
             raise ValueError(
                 f"customops: expected in_channels ({in_channels}) to be divisible by offset_groups ({offset_groups})"
@@ -253,7 +274,7 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
             for attr in ("in_channels", "out_channels", "groups"):
                 setattr(new, attr, getattr(child, attr))
             for attr in ("kernel_size", "stride", "padding", "dilation"):
-                setattr(new, attr, _pair(getattr(child, attr)))
+                setattr(new, attr, _pair(getattr(child, attr), attr))
             new.weight = child.weight
             if child.bias is not None:
                 new.bias = child.bias

@@ -222,6 +222,47 @@ def test_double_backward_raises():
         g.sum().backward()
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(offset=None), "expected offset to be a Tensor, but got NoneType"),
+        (dict(input=None), "expected input to be a Tensor, but got NoneType"),
+        (dict(weight=[[1.0]]), "expected weight to be a Tensor, but got list"),
+        (dict(mask=1.0), "expected mask to be a Tensor, but got float"),
+        (dict(stride=1.0), "expected stride to be an int or a pair of ints, but got 1.0"),
+        (dict(padding=(1.5, 1)), r"expected padding to be an int or a pair of ints, but got \(1.5, 1\)"),
+        (dict(dilation=None), "expected dilation to be an int or a pair of ints, but got None"),
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_type_errors_naming_them(change, message):
+    kw = dict(_inputs(dtype=torch.float32), **change)
+    with pytest.raises(TypeError, match=message):
+        customops.deform_conv2d(**kw)
+
+
+@pytest.mark.parametrize(
+    "cls, args, error, message",
+    [
+        ("DeformConv2d", dict(groups=0), ValueError, "expected groups to be >= 1, but got 0"),
+        ("DeformConv2d", dict(kernel_size=0), ValueError, "expected kernel_size to be >= 1, but got 0"),
+        ("DeformConv2d", dict(kernel_size=(3, 0)), ValueError, "expected kernel_size to be >= 1, but got 0"),
+        ("DeformConv2d", dict(stride=1.5), TypeError, "expected stride to be an int or a pair of ints, but got 1.5"),
+        ("DeformConv2d", dict(padding=(1, 1, 1)), TypeError, "expected padding to be an int or a pair of ints"),
+        ("ModulatedDeformConv2d", dict(offset_groups=0), ValueError, "expected offset_groups to be >= 1, but got 0"),
+        ("ModulatedDeformConv2d", dict(dilation="2"), TypeError, "expected dilation to be an int or a pair of ints"),
+    ],
+)
+def test_module_arguments_out_of_range_raise_naming_them(cls, args, error, message):
+    kw = {**dict(in_channels=4, out_channels=4, kernel_size=3), **args}
+    with pytest.raises(error, match=message):
+        getattr(customops.nn, cls)(**kw)
+
+
+def test_module_pairs_accept_integer_like_values():
+    m = customops.nn.DeformConv2d(4, 4, torch.tensor(3).item(), stride=(1, 2), padding=[1, 1])
+    assert (m.kernel_size, m.stride, m.padding, m.dilation) == ((3, 3), (1, 2), (1, 1), (1, 1))
+
+
 def test_compile_over_batch_and_spatial_sizes_does_not_recompile():
     torch._dynamo.reset()
     fn = torch.compile(customops.deform_conv2d, fullgraph=True, dynamic=True)

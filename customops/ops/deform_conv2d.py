@@ -67,6 +67,8 @@ def deform_conv2d(
         device, whatever ``input``'s memory format.
 
     Raises:
+        TypeError: ``input``, ``offset`` or ``weight`` not a Tensor, ``bias`` or ``mask`` neither
+            a Tensor nor None, or stride, padding or dilation not an int or a sequence of ints.
         RuntimeError: a non-floating dtype, mixed dtypes or devices; a tensor of the wrong
             rank; ``C_in`` not a multiple of ``weight.shape[1]`` or of ``offset_groups``;
             ``C_out`` not a multiple of ``groups``; ``offset.shape[1]`` not a positive multiple
@@ -81,6 +83,8 @@ def deform_conv2d(
     that of the bilinear formula, one-sided at integer sampling positions (as torchvision's).
     Double backward is not implemented (it raises a RuntimeError saying so).
     """
+    if not torch.jit.is_scripting():  # scripted, the signature's types are checked already
+        _check_types(input, offset, weight, bias, mask, stride, padding, dilation)
     # Pairs: under torch.compile with dynamic shapes an int argument arrives as a SymInt, which
     # the schema's int[2] does not broadcast.
     return torch.ops.customops.deform_conv2d(
@@ -97,6 +101,27 @@ def _pair(v: Union[int, Tuple[int, int]]) -> List[int]:
     if isinstance(v, int):
         return [v, v]
     return [v[0], v[1]] if len(v) == 2 else list(v)
+
+
+@torch.jit.unused
+def _check_types(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    mask: Optional[Tensor],
+    stride: Union[int, Tuple[int, int]],
+    padding: Union[int, Tuple[int, int]],
+    dilation: Union[int, Tuple[int, int]],
+) -> None:
+    for name, t in (("input", input), ("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
+        if not isinstance(t, Tensor) and not (t is None and name in ("bias", "mask")):
+            raise TypeError(f"customops: expected {name} to be a Tensor, but got {type(t).__name__}")
+    for name, v in (("stride", stride), ("padding", padding), ("dilation", dilation)):
+        # SymInts: ints under torch.compile with dynamic shapes. Other lengths: the op's checks name them.
+        ints = isinstance(v, (tuple, list)) and all(isinstance(e, (int, torch.SymInt)) for e in v)
+        if not (isinstance(v, (int, torch.SymInt)) or ints):
+            raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}")
 
 
 def _check_pair(v, name, low, what):
