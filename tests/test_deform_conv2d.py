@@ -459,7 +459,7 @@ def test_cuda_depthwise_tiled_matches_cpu_and_the_direct_kernel(name, dtype, mon
     monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE", "tiled")
     _cuda_vs_cpu(kw, dtype, *CUDA_TOL[dtype])
     gpu = {k: (v.to(device="cuda", dtype=dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    tiled = customops.deform_conv2d(**gpu)
+    tiled = _ran_kernel("deform_conv2d_depthwise_tile_kernel", name != "direct_fallback", customops.deform_conv2d, gpu)
     tiled_cl = customops.deform_conv2d(**dict(gpu, input=gpu["input"].to(memory_format=torch.channels_last)))
     monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE", "direct")
     direct = customops.deform_conv2d(**gpu)
@@ -474,7 +474,44 @@ def test_cuda_depthwise_tiled_failed_launch_is_a_runtime_error_naming_it(monkeyp
 
     monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE", "tiled")  # inherited by the subprocess
     setup = "x, off, w = (torch.randn(*s, device='cuda') for s in ((1, 8, 5, 5), (1, 18, 5, 5), (8, 1, 3, 3)))"
-    assert_launch_fails("deform_conv2d_depthwise_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
+    assert_launch_fails("deform_conv2d_depthwise_tile_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
+
+
+def _ran_kernel(kernel, expected, fn, kwargs):
+    """fn(**kwargs) under torch.profiler; asserts whether a CUDA kernel whose name contains
+    ``kernel`` ran, and returns fn's result."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        out = fn(**kwargs)
+        torch.cuda.synchronize()
+    ran = any(kernel in e.name for e in prof.events())
+    assert ran == expected, f"{kernel} {'did not run' if expected else 'ran'}"
+    return out
+
+
+@needs_cuda
+@pytest.mark.parametrize("mode", ["direct", "tiled"])
+@pytest.mark.parametrize("gather", ["atomics", "gather"])
+def test_cuda_depthwise_with_a_weight_at_any_offset(mode, gather, monkeypatch):
+    # One tap: the (taps, C) weight the kernels read is a view of the caller's, here 4 bytes
+    # past a 16-byte boundary; the kernels' vector loads need an aligned copy.
+    monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE", mode)
+    monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT", gather)
+    kw = _inputs(B=2, C=8, H=6, W=7, C_out=8, groups=8, og=1, k=(1, 1), pad=(0, 0), dtype=torch.float32)
+    cpu = {k: (v.double().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    gpu = {k: (v.cuda().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    buf = torch.zeros(9, device="cuda")
+    buf[1:] = kw["weight"].flatten().cuda()
+    gpu["weight"] = buf[1:].view(8, 1, 1, 1).requires_grad_()
+    assert gpu["weight"].data_ptr() % 16 == 4
+    ref, out = customops.deform_conv2d(**cpu), customops.deform_conv2d(**gpu)
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    grad = torch.randn(ref.shape, dtype=torch.float64)
+    ref.backward(grad)
+    out.backward(grad.float().cuda())
+    for key in ("input", "offset", "weight", "mask"):
+        torch.testing.assert_close(gpu[key].grad.double().cpu(), cpu[key].grad, rtol=1e-4, atol=1e-4)
 
 
 # grad_input by corner lists and a gather (CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT=gather, opt-in
@@ -504,7 +541,13 @@ def test_cuda_grad_input_alone_by_gather_matches_the_atomics(name, monkeypatch):
     grads = {}
     for mode in ("gather", "atomics"):
         monkeypatch.setenv("CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT", mode)
-        (grads[mode],) = torch.autograd.grad(customops.deform_conv2d(**kw), x, grad)
+        out = customops.deform_conv2d(**kw)
+        (grads[mode],) = _ran_kernel(
+            "gather_grad_input_kernel",
+            mode == "gather",
+            torch.autograd.grad,
+            dict(outputs=out, inputs=x, grad_outputs=grad),
+        )
     torch.testing.assert_close(grads["gather"], grads["atomics"], rtol=1e-5, atol=1e-6)
 
 

@@ -1160,7 +1160,8 @@ bool grad_input_by_gather() {
 
 // The corner lists of the largest chunk: counts (then cursors) and starts per target, and up to
 // four entries per point. Undefined (col2im's atomics instead) where the points of a chunk
-// reach 2^31, past the kernels' 32-bit indices.
+// reach 2^31, past the kernels' 32-bit indices, or the lists would pass kChunkBudget (few
+// channels per offset group: the lists are not in the chunks' budgets).
 struct GatherBuffers {
   at::Tensor count, start, sample, weight;
 
@@ -1168,11 +1169,13 @@ struct GatherBuffers {
   GatherBuffers(const DeformConv2dGeometry& g, int64_t max_images, int64_t max_rows, const at::TensorOptions& opts) {
     const int64_t targets = max_images * g.height * g.width * g.offset_groups;
     const int64_t points = max_rows * g.offset_groups * g.taps();
-    if (points >= std::numeric_limits<int32_t>::max()) return;
+    const auto acc = opts.dtype() == at::kDouble ? at::kDouble : at::kFloat;
+    const int64_t bytes = targets * (4 + 8) + 4 * points * (4 + static_cast<int64_t>(c10::elementSize(acc)));
+    if (points >= std::numeric_limits<int32_t>::max() || bytes > kChunkBudget) return;
     count = at::empty({targets}, opts.dtype(at::kInt));
     start = at::empty({targets + 1}, opts.dtype(at::kLong));
     sample = at::empty({4 * points}, opts.dtype(at::kInt));
-    weight = at::empty({4 * points}, opts.dtype(opts.dtype() == at::kDouble ? at::kDouble : at::kFloat));
+    weight = at::empty({4 * points}, opts.dtype(acc));
   }
   bool defined() const {
     return count.defined();
@@ -1272,6 +1275,13 @@ void launch_im2col(
   });
 }
 
+// The depthwise weight (C, kh * kw) as (kh * kw, C) contiguous and 16-byte aligned, for the
+// kernels' vector loads: with one tap it is a view of the caller's weight, which may start anywhere.
+at::Tensor depthwise_taps_weight(const at::Tensor& w) {
+  at::Tensor wt = w.t().contiguous();
+  return cuda::is_aligned(wt.const_data_ptr(), 16) ? wt : wt.clone();
+}
+
 // The depthwise forward's kernel: CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE=tiled selects the tiled
 // kernel, read per call (tests switch it), anything else the direct one.
 bool depthwise_tiled() {
@@ -1280,17 +1290,17 @@ bool depthwise_tiled() {
 }
 
 // The tiled depthwise forward (deform_conv2d_depthwise_tile_kernel) over all images, in launches
-// of fewer than 2^31 output pixels; false (nothing launched) where its shared memory would pass
-// 48 KB (many offset groups in a channel slice), for the direct kernel to take.
+// of fewer than 2^31 output pixels; false (nothing launched), for the direct kernel to take,
+// where its shared memory would pass 48 KB (many offset groups in a channel slice) or its 32-bit
+// tile indices and grid would not hold the shape.
 template <typename T>
 bool launch_depthwise_tiled(
     const DeformConv2dGeometry& g, const CudaOperands& o, const at::Tensor& xs, const at::Tensor& wt,
     const at::Tensor& b, at::Tensor& out) {
   using A = at::opmath_type<T>;
   const int64_t C = g.in_channels, Cog = g.in_per_offset_group(), P = g.out_pixels(), taps = g.taps();
-  TORCH_CHECK(
-      P < std::numeric_limits<int32_t>::max(),
-      "customops: expected out_height * out_width to be below 2^31 on CUDA, but got ", int_str(P));
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (P >= kMax / 2 || taps >= kMax) return false;
   const int v = vector_width<T>(Cog, cuda::is_aligned(xs.const_data_ptr<T>(), 16), 16);
   // At least 8 lanes, so that a block's pixels (and points) stay few for narrow channels.
   int lanes = 8;
@@ -1301,11 +1311,8 @@ bool launch_depthwise_tiled(
   const int ld = cs + (sizeof(T) >= 4 ? 1 : 4 / static_cast<int>(sizeof(T)));
   const int64_t smem = std::max<int64_t>(
       static_cast<int64_t>(tp) * kb * ogs * sizeof(DepthwisePoint<A>), static_cast<int64_t>(tp) * ld * sizeof(T));
-  if (smem > (48 << 10)) return false;
   const int64_t slices = ceil_div(C, cs);
-  TORCH_CHECK(
-      slices <= 65535, "customops: expected in_channels to be at most ", int_str(65535ll * cs),
-      " for a depthwise deform_conv2d on CUDA, but got ", int_str(C));
+  if (smem > (48 << 10) || slices > 65535) return false;
   DepthwiseTileLayout L;
   L.g = g;
   L.lanes = lanes;
@@ -1322,10 +1329,10 @@ bool launch_depthwise_tiled(
       L.pixels = static_cast<uint32_t>(std::min(per_launch, g.batch - b0) * P);
       const dim3 grid(static_cast<unsigned>(ceil_div(L.pixels, tp)), static_cast<unsigned>(slices));
       deform_conv2d_depthwise_tile_kernel<T, V>
-          <<<grid, cuda::block_size("deform_conv2d_depthwise_kernel"), smem, at::cuda::getCurrentCUDAStream()>>>(
+          <<<grid, cuda::block_size("deform_conv2d_depthwise_tile_kernel"), smem, at::cuda::getCurrentCUDAStream()>>>(
               xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), wt.const_data_ptr<T>(),
               b.defined() ? b.const_data_ptr<T>() : nullptr, L, out.data_ptr<T>());
-      CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_depthwise_kernel");
+      CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_depthwise_tile_kernel");
     }
   });
   return true;
@@ -1344,7 +1351,7 @@ void forward_impl(
   const CudaOperands o(g, input, offset, weight, mask);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
-    const at::Tensor wt = weight.reshape({g.in_channels, g.taps()}).t().contiguous();
+    const at::Tensor wt = depthwise_taps_weight(weight.reshape({g.in_channels, g.taps()}));
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
     if (depthwise_tiled() && launch_depthwise_tiled<T>(g, o, xs, wt, b, out)) return;
     const int v = vector_width<T>(g.in_per_offset_group(), cuda::is_aligned(xs.const_data_ptr<T>(), 16));
@@ -1461,7 +1468,7 @@ void depthwise_backward_impl(
   const int64_t gx_bytes = want[0] ? C * plane * int64_t(sizeof(A)) : 0;
   const int64_t image_bytes = std::max<int64_t>(1, gx_bytes + o.image_copy_bytes(g) + C * g.out_pixels() * sizeof(T));
   const int64_t nb = std::max<int64_t>(1, std::min(g.batch, kDepthwiseChunkBudget / image_bytes));
-  const at::Tensor wt = o.w.view({C, g.taps()}).t().contiguous();
+  const at::Tensor wt = depthwise_taps_weight(o.w.view({C, g.taps()}));
   at::Tensor gx_buf;
   if (want[0])
     gx_buf = at::empty({nb, g.height, g.width, C}, o.off.options().dtype(c10::CppTypeToScalarType<A>::value));
