@@ -14,9 +14,16 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     PYTHONPATH=$PWD python benchmarks/ab_deform_conv2d.py run new >> ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
-Paths that an environment variable selects need one build: label the default run ``old`` and
-the run with the variable set ``new``, e.g.
-``CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT=gather python benchmarks/ab_deform_conv2d.py run new``.
+Paths that an environment variable selects, read per call, need one build and one process:
+``interleave ROUNDS [--depthwise] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by shape, the
+default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order that rotates,
+so that every variant sees the same machine state; a setting whose variables all name the
+depthwise path runs at depthwise shapes alone. ``--depthwise`` times depthwise layers of several
+networks' sizes instead of the grid. ``report FILE A B`` compares any two labels.
+
+    python benchmarks/ab_deform_conv2d.py interleave 3 \
+        --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
+    python benchmarks/ab_deform_conv2d.py report ab.txt direct old
 
 ``run LABEL [SUBSTRING]`` prints one tab-separated line per shape (label, shape, dtype, fwd µs,
 fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose name or dtype contains it.
@@ -55,36 +62,80 @@ def shapes():
     return CUDA_SHAPES + model_shapes(f32, (1, 8)) + model_shapes(f16, (1, 8)) + extra
 
 
+def depthwise_shapes():
+    """Depthwise layers of several networks' sizes: ConvNeXt-like 7x7 stages and 3x3 stages,
+    at batch 1 and a serving or training batch, one and several offset groups."""
+    import torch
+
+    from bench_deform_conv2d import Shape
+
+    out = []
+    for dtype in (torch.float16, torch.float32):
+        for B in (1, 16):
+            for C, H in ((96, 56), (192, 28), (384, 14), (768, 7)):
+                out.append(Shape(B, C, H, H, C, C, 1, dtype, False, 7, 1, 3, note="7x7"))
+        for B in (1, 8):
+            for C, H, og in ((32, 112, 1), (128, 56, 1), (256, 28, 8), (512, 14, 1)):
+                out.append(Shape(B, C, H, H, C, C, og, dtype, False, note="3x3"))
+        out.append(Shape(8, 256, 64, 64, 256, 256, 1, dtype, False, note="the grid's depthwise row"))
+    return out
+
+
 def run(label, only=None):
+    for s in shapes():
+        if not only or only in s.name() + str(s.dtype):
+            measure(label, s)
+
+
+def interleave(rounds, settings):
+    pick = shapes
+    if settings and settings[0] == "--depthwise":
+        pick, settings = depthwise_shapes, settings[1:]
+    variants = {"old": {}}
+    for arg in settings:
+        label, _, pairs = arg.partition("=")
+        variants[label] = dict(pair.split("=", 1) for pair in pairs.split(","))
+    labels = list(variants)
+    for r in range(rounds):
+        order = labels[r % len(labels) :] + labels[: r % len(labels)]  # no variant always first
+        for s in pick():
+            depthwise = s.groups == s.C == s.C_out
+            for label, env in ((label, variants[label]) for label in order):
+                if not depthwise and env and all("DEPTHWISE" in k for k in env):
+                    continue
+                for k in (k for v in variants.values() for k in v):
+                    os.environ.pop(k, None)
+                os.environ.update(env)
+                measure(label, s)
+
+
+def measure(label, s):
     import torch
 
     import customops
     from bench_deform_conv2d import TF32, fwd_bwd, make_inputs
     from common import do_bench
 
-    for s in shapes():
-        if only and only not in s.name() + str(s.dtype):
-            continue
-        geometry = ((s.stride,) * 2, (s.pad,) * 2, (s.dil,) * 2)
-        torch.backends.cuda.matmul.allow_tf32 = s.dtype == TF32
-        times, mem = [], []
-        for rg in (False, True):
-            i = make_inputs(s, "cuda", rg)
+    geometry = ((s.stride,) * 2, (s.pad,) * 2, (s.dil,) * 2)
+    torch.backends.cuda.matmul.allow_tf32 = s.dtype == TF32
+    times, mem = [], []
+    for rg in (False, True):
+        i = make_inputs(s, "cuda", rg)
 
-            def call(i=i):
-                return customops.deform_conv2d(i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
+        def call(i=i):
+            return customops.deform_conv2d(i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
 
-            fn = fwd_bwd(call, i) if rg else call
-            with torch.enable_grad() if rg else torch.no_grad():
-                fn()
-                times.append(do_bench(fn, rep=50))
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                fn()
-                torch.cuda.synchronize()
-                mem.append((torch.cuda.max_memory_allocated() - base) / 2**20)
-        print(f"{label}\t{s.name()}\t{s.dtype}\t{times[0]:.1f}\t{times[1]:.1f}\t{mem[0]:.0f}\t{mem[1]:.0f}", flush=True)
+        fn = fwd_bwd(call, i) if rg else call
+        with torch.enable_grad() if rg else torch.no_grad():
+            fn()
+            times.append(do_bench(fn, rep=50))
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn()
+            torch.cuda.synchronize()
+            mem.append((torch.cuda.max_memory_allocated() - base) / 2**20)
+    print(f"{label}\t{s.name()}\t{s.dtype}\t{times[0]:.1f}\t{times[1]:.1f}\t{mem[0]:.0f}\t{mem[1]:.0f}", flush=True)
 
 
 def report(path, a="old", b="new"):
@@ -116,7 +167,9 @@ if __name__ == "__main__":
     sys.path.insert(0, HERE)
     if len(sys.argv) >= 3 and sys.argv[1] == "run":
         run(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
-    elif len(sys.argv) == 3 and sys.argv[1] == "report":
-        report(sys.argv[2])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "interleave":
+        interleave(int(sys.argv[2]), sys.argv[3:])
+    elif len(sys.argv) in (3, 5) and sys.argv[1] == "report":
+        report(*sys.argv[2:])
     else:
         sys.exit(__doc__)

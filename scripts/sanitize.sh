@@ -8,6 +8,8 @@
 #   SANITIZER_TIMEOUT=seconds per tool (default 150)
 #
 # The caching allocator is off, so an access past a tensor's end is past its allocation.
+# CUSTOMOPS_UNDER_SANITIZER=1 tells the tests that torch.profiler sees no kernels (the tool
+# holds CUPTI).
 # Exit status 1 when a tool crashed, a test failed, a tool ran past its limit, or a report is not
 # clearly someone else's: memcheck and racecheck reports in cuBLAS's or ATen's kernels alone are
 # listed, not counted (scripts/sanitizer_reports.py says why initcheck's always count).
@@ -34,7 +36,7 @@ for tool in memcheck racecheck initcheck; do
   # the tool got through 24 of deform_conv2d's 38 CUDA tests in 170 s (H200, 2026-12-03).
   [ "$tool" != memcheck ] && select="$select and not cuda_chunks"
   t0=$SECONDS
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 CUSTOMOPS_UNDER_SANITIZER=1 timeout "${SANITIZER_TIMEOUT:-150}" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 99 \
     --print-limit 50 python3 -m pytest -q -p no:cacheprovider -k "$select" "${TESTS[@]}" > "$LOG.part" 2>&1
   rc=$?
   summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOG.part" | tail -1)

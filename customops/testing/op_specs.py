@@ -658,7 +658,7 @@ DEFORM_CONV2D = OpSpec(
     cuda_kernels={
         "deform_conv2d_transpose_kernel": "3x3_pad1_mask",
         "deform_conv2d_im2col_kernel": "3x3_pad1_mask",
-        "deform_conv2d_depthwise_kernel": "depthwise",
+        "deform_conv2d_depthwise_tile_kernel": "depthwise",
         "deform_conv2d_bias_kernel": "groups2_16_pixels",
     },
 )

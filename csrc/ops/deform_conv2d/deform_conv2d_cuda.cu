@@ -509,113 +509,11 @@ __global__ void deform_conv2d_col2im_kernel(
   }
 }
 
-// grad_input by gathering instead of atomics (opt-in: CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT=gather,
-// until it is measured against col2im's atomics on a GPU). grad_input is the transpose of the
-// sampling: each sampling point (row r, offset group og, tap k) adds w_q * mask * grad_column to its
-// four corners. col2im adds them with a 16-byte atomic per corner and 4 channels (about 75M per
-// forward + backward at 8x256x64x64, which bound it on the H200). Here the corners are sorted by
-// target pixel first (counts, a scan, then each point's entries at its targets), and a thread per
-// (target pixel, channels) sums its entries' grad columns with no atomic on grad_input: the
-// channels are factored out of the sort, so its atomics are 4 integer ones per point, not per point
-// and channel.
-struct SampleLayout {
-  DeformConv2dGeometry g;
-  Chunk ch;
-  Divider taps, ogs, n, out_w, kw;
-  uint32_t points;  // rows * offset_groups * taps of the chunk, below 2^31 (GatherBuffers)
-};
-
-// Every point's corners: kFill false, count[target] += 1 per corner; kFill true, the corner's
-// entry (sample = r * taps + k, weight = w_q * mask) at start[target] + cursor[target]++.
-// Targets are (image of the chunk, pixel, offset group), offset group fastest.
-template <typename T, bool kFill>
-__global__ void deform_conv2d_corner_lists_kernel(
-    const T* __restrict__ off, const T* __restrict__ msk, SampleLayout L, int32_t* __restrict__ count,
-    const int64_t* __restrict__ start, uint32_t* __restrict__ sample, at::opmath_type<T>* __restrict__ weight) {
-  using A = at::opmath_type<T>;
-  const DeformConv2dGeometry& g = L.g;
-  const int64_t taps = g.taps(), P = g.out_pixels(), plane = g.height * g.width;
-  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < L.points; idx += gridDim.x * blockDim.x) {
-    const auto a = L.taps.divmod(idx), b = L.ogs.divmod(a.div), rb = L.n.divmod(b.div);
-    const uint32_t k = a.mod, og = b.mod, r = b.div;
-    const uint32_t p = static_cast<uint32_t>(L.ch.p0) + rb.mod;
-    const int64_t bl = rb.div, img = L.ch.b0 + bl;
-    const auto yx = L.out_w.divmod(p), ij = L.kw.divmod(k);
-    A m;
-    const BilinearTap<A> tap = sample_at<T, A>(
-        g, off + img * g.offset_groups * taps * 2 * P, msk ? msk + img * g.offset_groups * taps * P : nullptr, yx.div,
-        yx.mod, p, ij.div, ij.mod, og * taps + k, &m);
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if (tap.idx[q] < 0) continue;
-      const int64_t target = (bl * plane + tap.idx[q]) * g.offset_groups + og;
-      if constexpr (kFill) {
-        const int64_t at = start[target] + atomicAdd(count + target, 1);
-        sample[at] = r * static_cast<uint32_t>(taps) + k;
-        weight[at] = tap.w[q] * m;
-      } else {
-        atomicAdd(count + target, 1);
-      }
-    }
-  }
-}
-
-struct GatherLayout {
-  DeformConv2dGeometry g;
-  Chunk ch;
-  Divider taps;
-  int64_t items;  // the chunk's images' pixels * in_channels / V
-};
-
-// gx (the chunk's images, channels-last, opmath) += the sum over the entries of its target of
-// weight * grad column, V channels of one (pixel, offset group) per thread, channels fastest:
-// grad columns from gcol ((rows, groups, taps, in_channels / groups)) or, kDepthwise, grad_out
-// (channels-last, (rows, C)) times the weight (wt, (taps, C)). One thread owns each value of gx.
-template <typename T, int V, bool kDepthwise>
-__global__ void deform_conv2d_gather_grad_input_kernel(
-    const T* __restrict__ gcol, const T* __restrict__ wt, const int64_t* __restrict__ start,
-    const uint32_t* __restrict__ sample, const at::opmath_type<T>* __restrict__ weight, GatherLayout L,
-    at::opmath_type<T>* __restrict__ gx) {
-  using A = at::opmath_type<T>;
-  const DeformConv2dGeometry& g = L.g;
-  const int64_t C = g.in_channels, vecs = C / V, taps = g.taps(), Cg = g.in_per_group();
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < L.items;
-       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = idx / vecs, c = (idx - t * vecs) * V;
-    const int64_t og = c / g.in_per_offset_group(), gi = c / Cg, cc = c - gi * Cg;
-    const int64_t list = t * g.offset_groups + og;
-    A acc[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] = 0;
-    // Unrolled so that several entries' loads are in flight.
-#pragma unroll 4
-    for (int64_t e = start[list], end = start[list + 1]; e < end; ++e) {
-      const auto rk = L.taps.divmod(sample[e]);
-      const A w = weight[e];
-      A gv[V];
-      if constexpr (kDepthwise) {
-        A wv[V];
-        load_vec<T, A, V>(gcol + static_cast<int64_t>(rk.div) * C + c, gv);
-        load_vec<T, A, V>(wt + static_cast<int64_t>(rk.mod) * C + c, wv);
-#pragma unroll
-        for (int j = 0; j < V; ++j) gv[j] *= wv[j];
-      } else {
-        load_vec<T, A, V>(gcol + ((static_cast<int64_t>(rk.div) * g.groups + gi) * taps + rk.mod) * Cg + cc, gv);
-      }
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] += w * gv[j];
-    }
-    A cur[V];
-    load_vec<A, A, V>(gx + t * C + c, cur);
-#pragma unroll
-    for (int j = 0; j < V; ++j) cur[j] += acc[j];
-    store_vec<A, A, V>(gx + t * C + c, cur);
-  }
-}
-
 // Depthwise (groups = in_channels = out_channels): out[b, c, p] = bias[c] + sum over taps k
 // of weight[c, k] * mask * bilinear(x[b, c], tap k), with no columns. V channels of one
-// offset group per thread, channels fastest (xs channels-last, wt (kh * kw, C)).
+// offset group per thread, channels fastest (xs channels-last, wt (kh * kw, C)). The fallback of
+// the tiled kernel below, which beat it at every depthwise layer timed (1.05 to 3.1x, H200:
+// benchmarks/results/deform_conv2d_ab_depthwise_tiles_NVIDIA_H200_2026-12-04.md).
 template <typename T, int V>
 __global__ void deform_conv2d_depthwise_kernel(
     const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, const T* __restrict__ wt,
@@ -655,15 +553,12 @@ __global__ void deform_conv2d_depthwise_kernel(
   }
 }
 
-// Depthwise, tiled (opt-in: CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE=tiled, until it is measured
-// against deform_conv2d_depthwise_kernel on a GPU). A block takes tp consecutive output pixels
-// of the chunk's images (flattened image * P + pixel) and a slice of lanes * V channels: lanes
-// threads per pixel on adjacent V channels, so that a warp's corner loads are whole lines, and
-// kPixelsPerThread pixels per thread, whose loads are independent. The sampling points of a
-// stage of taps (offset groups of the slice included) are computed once per block into shared
-// memory, not once per thread; the output tile goes through shared memory so that the NCHW
-// stores run along the pixels. Same arithmetic, in the same order, as the direct kernel.
-constexpr int kPixelsPerThread = 4;
+// Depthwise, tiled. A block takes tp consecutive output pixels of the launch's images (flattened
+// image * P + pixel) and a slice of lanes * V channels: lanes threads per pixel on adjacent V
+// channels, so that a warp's corner loads are whole lines. The sampling points of a stage of taps
+// (offset groups of the slice included) are computed once per block into shared memory, not once
+// per thread; the output tile goes through shared memory so that the NCHW stores run along the
+// pixels. Same arithmetic, in the same order, as the direct kernel.
 // Sampling points per stage (taps are staged in batches of at most this many points per block).
 constexpr int kDepthwisePointsPerStage = 512;
 
@@ -692,7 +587,7 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
   const int64_t C = g.in_channels, taps = g.taps(), P = g.out_pixels(), plane = g.height * g.width;
   const int64_t Cog = g.in_per_offset_group();
   const int cs = L.lanes * V;  // channels of the slice
-  const int lane = threadIdx.x % L.lanes, slot = threadIdx.x / L.lanes, slots = blockDim.x / L.lanes;
+  const int lane = threadIdx.x % L.lanes, slot = threadIdx.x / L.lanes;
   const uint32_t t0 = blockIdx.x * static_cast<uint32_t>(L.tp);
   const int64_t c0 = static_cast<int64_t>(blockIdx.y) * cs, c = c0 + lane * V;
   const bool has_c = c < C;
@@ -700,12 +595,9 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
   const int nog =
       static_cast<int>(std::min<int64_t>(g.offset_groups, (std::min<int64_t>(C, c0 + cs) - 1) / Cog + 1) - og_lo);
   const int ogi = has_c ? static_cast<int>(c / Cog - og_lo) : 0;
-  A acc[kPixelsPerThread][V];
+  A acc[V];
 #pragma unroll
-  for (int i = 0; i < kPixelsPerThread; ++i) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) acc[i][j] = 0;
-  }
+  for (int j = 0; j < V; ++j) acc[j] = 0;
   for (int k0 = 0; k0 < taps; k0 += L.kb) {
     const int kn = static_cast<int>(std::min<int64_t>(L.kb, taps - k0));
     const int points = L.tp * kn * nog;
@@ -742,25 +634,21 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
     for (int kk = 0; kk < kn; ++kk) {
       A wv[V];
       load_vec<T, A, V>(wt + (k0 + kk) * C + c, wv);
-      const DepthwisePoint<A>* row = pts + (ogi * kn + kk) * L.tp;
+      const DepthwisePoint<A>& pt = pts[(ogi * kn + kk) * L.tp + slot];
+      A s[V];
 #pragma unroll
-      for (int i = 0; i < kPixelsPerThread; ++i) {
-        const DepthwisePoint<A>& pt = row[slot + i * slots];
-        A s[V];
+      for (int j = 0; j < V; ++j) s[j] = 0;
 #pragma unroll
-        for (int j = 0; j < V; ++j) s[j] = 0;
+      for (int q = 0; q < 4; ++q) {
+        if (pt.src[q] >= 0) {
+          A val[V];
+          load_vec<T, A, V>(xs + pt.src[q] + c, val);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (pt.src[q] >= 0) {
-            A val[V];
-            load_vec<T, A, V>(xs + pt.src[q] + c, val);
-#pragma unroll
-            for (int j = 0; j < V; ++j) s[j] += pt.w[q] * val[j];
-          }
+          for (int j = 0; j < V; ++j) s[j] += pt.w[q] * val[j];
         }
-#pragma unroll
-        for (int j = 0; j < V; ++j) acc[i][j] += wv[j] * (pt.m * s[j]);
       }
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[j] += wv[j] * (pt.m * s[j]);
     }
   }
   // The output tile, (tp, cs + pad) values of T, over the points: rows of an odd number of
@@ -770,12 +658,9 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
   T* tile = reinterpret_cast<T*>(dw_smem);
   if (has_c) {
 #pragma unroll
-    for (int i = 0; i < kPixelsPerThread; ++i) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const A bv = bias ? static_cast<A>(bias[c + j]) : A(0);
-        tile[(slot + i * slots) * ld + lane * V + j] = static_cast<T>(acc[i][j] + bv);
-      }
+    for (int j = 0; j < V; ++j) {
+      const A bv = bias ? static_cast<A>(bias[c + j]) : A(0);
+      tile[slot * ld + lane * V + j] = static_cast<T>(acc[j] + bv);
     }
   }
   __syncthreads();
@@ -1150,86 +1035,6 @@ void launch_col2im(
   });
 }
 
-// grad_input's path: CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT=gather selects the corner lists and the
-// gather (deform_conv2d_gather_grad_input_kernel), read per call (tests switch it), anything
-// else col2im's atomics.
-bool grad_input_by_gather() {
-  const char* v = std::getenv("CUSTOMOPS_DEFORM_CONV2D_GRAD_INPUT");
-  return v != nullptr && std::strcmp(v, "gather") == 0;
-}
-
-// The corner lists of the largest chunk: counts (then cursors) and starts per target, and up to
-// four entries per point. Undefined (col2im's atomics instead) where the points of a chunk
-// reach 2^31, past the kernels' 32-bit indices, or the lists would pass kChunkBudget (few
-// channels per offset group: the lists are not in the chunks' budgets).
-struct GatherBuffers {
-  at::Tensor count, start, sample, weight;
-
-  GatherBuffers() = default;
-  GatherBuffers(const DeformConv2dGeometry& g, int64_t max_images, int64_t max_rows, const at::TensorOptions& opts) {
-    const int64_t targets = max_images * g.height * g.width * g.offset_groups;
-    const int64_t points = max_rows * g.offset_groups * g.taps();
-    const auto acc = opts.dtype() == at::kDouble ? at::kDouble : at::kFloat;
-    const int64_t bytes = targets * (4 + 8) + 4 * points * (4 + static_cast<int64_t>(c10::elementSize(acc)));
-    if (points >= std::numeric_limits<int32_t>::max() || bytes > kChunkBudget) return;
-    count = at::empty({targets}, opts.dtype(at::kInt));
-    start = at::empty({targets + 1}, opts.dtype(at::kLong));
-    sample = at::empty({4 * points}, opts.dtype(at::kInt));
-    weight = at::empty({4 * points}, opts.dtype(acc));
-  }
-  bool defined() const {
-    return count.defined();
-  }
-};
-
-// gx (the chunk's images, channels-last, opmath) += grad_input of the chunk's points, from
-// their grad columns (gcol) or, kDepthwise, from grad_out (channels-last) and the weight (wt,
-// (taps, C)): the corner lists, then the gather.
-template <typename T, bool kDepthwise>
-void gather_grad_input(
-    const DeformConv2dGeometry& g, const Chunk& ch, const CudaOperands& o, const T* gcol, const T* wt,
-    GatherBuffers& buf, at::opmath_type<T>* gx) {
-  using A = at::opmath_type<T>;
-  const int64_t targets = ch.nb * g.height * g.width * g.offset_groups;
-  SampleLayout S;
-  S.g = g;
-  S.ch = ch;
-  S.taps = Divider(static_cast<uint32_t>(g.taps()));
-  S.ogs = Divider(static_cast<uint32_t>(g.offset_groups));
-  S.n = Divider(static_cast<uint32_t>(ch.n));
-  S.out_w = Divider(static_cast<uint32_t>(g.out_w));
-  S.kw = Divider(static_cast<uint32_t>(g.kw));
-  S.points = static_cast<uint32_t>(ch.rows() * g.offset_groups * g.taps());
-  at::Tensor count = buf.count.narrow(0, 0, targets), start = buf.start.narrow(0, 0, targets + 1);
-  int32_t* counts = count.data_ptr<int32_t>();
-  count.zero_();
-  DEFORM_CONV2D_LAUNCH(
-      "deform_conv2d_corner_lists_kernel", (deform_conv2d_corner_lists_kernel<T, false>), S.points,
-      o.off.const_data_ptr<T>(), o.mask_ptr<T>(), S, counts, nullptr, nullptr, nullptr);
-  start.narrow(0, 0, 1).zero_();
-  at::Tensor starts = start.narrow(0, 1, targets);
-  at::cumsum_out(starts, count, 0, at::kLong);
-  count.zero_();  // the cursors
-  DEFORM_CONV2D_LAUNCH(
-      "deform_conv2d_corner_lists_kernel", (deform_conv2d_corner_lists_kernel<T, true>), S.points,
-      o.off.const_data_ptr<T>(), o.mask_ptr<T>(), S, counts, start.const_data_ptr<int64_t>(),
-      reinterpret_cast<uint32_t*>(buf.sample.data_ptr<int32_t>()), buf.weight.data_ptr<A>());
-  const int64_t width = kDepthwise ? g.in_per_offset_group() : std::gcd(g.in_per_group(), g.in_per_offset_group());
-  const int v = vector_width<T>(width, cuda::is_aligned(gcol, 16), 16);
-  GatherLayout G;
-  G.g = g;
-  G.ch = ch;
-  G.taps = S.taps;
-  G.items = ch.nb * g.height * g.width * (g.in_channels / v);
-  with_vector_width<T, 16 / static_cast<int>(sizeof(T))>(v, [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
-    DEFORM_CONV2D_LAUNCH(
-        "deform_conv2d_gather_grad_input_kernel", (deform_conv2d_gather_grad_input_kernel<T, V, kDepthwise>), G.items,
-        gcol, wt, start.const_data_ptr<int64_t>(),
-        reinterpret_cast<const uint32_t*>(buf.sample.const_data_ptr<int32_t>()), buf.weight.const_data_ptr<A>(), G, gx);
-  });
-}
-
 template <typename T>
 int chunk_vector_width(const DeformConv2dGeometry& g, const at::Tensor& xs, int max_bytes) {
   if (g.in_per_group() == 1) return 1;
@@ -1282,17 +1087,18 @@ at::Tensor depthwise_taps_weight(const at::Tensor& w) {
   return cuda::is_aligned(wt.const_data_ptr(), 16) ? wt : wt.clone();
 }
 
-// The depthwise forward's kernel: CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE=tiled selects the tiled
-// kernel, read per call (tests switch it), anything else the direct one.
-bool depthwise_tiled() {
-  const char* v = std::getenv("CUSTOMOPS_DEFORM_CONV2D_DEPTHWISE");
-  return v != nullptr && std::strcmp(v, "tiled") == 0;
+// Test hook: CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1, read per call, sends the depthwise forward to
+// the direct kernel, the tiled kernel's fallback, so that tests (and benchmarks/ab_deform_conv2d.py)
+// reach it at any shape.
+bool depthwise_direct_forced() {
+  const char* v = std::getenv("CUSTOMOPS_TEST_DEPTHWISE_DIRECT");
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 // The tiled depthwise forward (deform_conv2d_depthwise_tile_kernel) over all images, in launches
 // of fewer than 2^31 output pixels; false (nothing launched), for the direct kernel to take,
-// where its shared memory would pass 48 KB (many offset groups in a channel slice) or its 32-bit
-// tile indices and grid would not hold the shape.
+// where its 32-bit tile indices or its grid would not hold the shape. Its shared memory stays
+// under 48 KB: a slice spans at most lanes + 2 offset groups, so a stage holds at most 512 points.
 template <typename T>
 bool launch_depthwise_tiled(
     const DeformConv2dGeometry& g, const CudaOperands& o, const at::Tensor& xs, const at::Tensor& wt,
@@ -1302,16 +1108,15 @@ bool launch_depthwise_tiled(
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (P >= kMax / 2 || taps >= kMax) return false;
   const int v = vector_width<T>(Cog, cuda::is_aligned(xs.const_data_ptr<T>(), 16), 16);
-  // At least 8 lanes, so that a block's pixels (and points) stay few for narrow channels.
-  int lanes = 8;
+  int lanes = 1;  // a lane per vector of channels, up to a warp
   while (lanes < 32 && lanes * v < C) lanes *= 2;
-  const int cs = lanes * v, tp = cuda::kThreads / lanes * kPixelsPerThread;
+  const int cs = lanes * v, tp = cuda::kThreads / lanes;
+  const int64_t slices = ceil_div(C, cs);
   const int ogs = static_cast<int>(std::min<int64_t>(g.offset_groups, cs / Cog + 2));
   const int kb = static_cast<int>(std::clamp<int64_t>(kDepthwisePointsPerStage / (tp * ogs), 1, taps));
   const int ld = cs + (sizeof(T) >= 4 ? 1 : 4 / static_cast<int>(sizeof(T)));
   const int64_t smem = std::max<int64_t>(
       static_cast<int64_t>(tp) * kb * ogs * sizeof(DepthwisePoint<A>), static_cast<int64_t>(tp) * ld * sizeof(T));
-  const int64_t slices = ceil_div(C, cs);
   if (smem > (48 << 10) || slices > 65535) return false;
   DepthwiseTileLayout L;
   L.g = g;
@@ -1324,14 +1129,14 @@ bool launch_depthwise_tiled(
   const int64_t per_launch = std::max<int64_t>(1, (std::numeric_limits<int32_t>::max() - tp) / P);
   with_vector_width<T, 16 / static_cast<int>(sizeof(T))>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
+    const auto kernel = deform_conv2d_depthwise_tile_kernel<T, V>;
     for (int64_t b0 = 0; b0 < g.batch; b0 += per_launch) {
       L.b0 = b0;
       L.pixels = static_cast<uint32_t>(std::min(per_launch, g.batch - b0) * P);
       const dim3 grid(static_cast<unsigned>(ceil_div(L.pixels, tp)), static_cast<unsigned>(slices));
-      deform_conv2d_depthwise_tile_kernel<T, V>
-          <<<grid, cuda::block_size("deform_conv2d_depthwise_tile_kernel"), smem, at::cuda::getCurrentCUDAStream()>>>(
-              xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), wt.const_data_ptr<T>(),
-              b.defined() ? b.const_data_ptr<T>() : nullptr, L, out.data_ptr<T>());
+      kernel<<<grid, cuda::block_size("deform_conv2d_depthwise_tile_kernel"), smem, at::cuda::getCurrentCUDAStream()>>>(
+          xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), wt.const_data_ptr<T>(),
+          b.defined() ? b.const_data_ptr<T>() : nullptr, L, out.data_ptr<T>());
       CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_depthwise_tile_kernel");
     }
   });
@@ -1353,7 +1158,7 @@ void forward_impl(
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = depthwise_taps_weight(weight.reshape({g.in_channels, g.taps()}));
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-    if (depthwise_tiled() && launch_depthwise_tiled<T>(g, o, xs, wt, b, out)) return;
+    if (!depthwise_direct_forced() && launch_depthwise_tiled<T>(g, o, xs, wt, b, out)) return;
     const int v = vector_width<T>(g.in_per_offset_group(), cuda::is_aligned(xs.const_data_ptr<T>(), 16));
     const int64_t total = g.batch * g.out_pixels() * (g.in_channels / v);
     with_vector_width<T>(v, [&](auto vw) {
@@ -1472,9 +1277,6 @@ void depthwise_backward_impl(
   at::Tensor gx_buf;
   if (want[0])
     gx_buf = at::empty({nb, g.height, g.width, C}, o.off.options().dtype(c10::CppTypeToScalarType<A>::value));
-  GatherBuffers lists;
-  if (want[0] && grad_input_by_gather()) lists = GatherBuffers(g, nb, nb * g.out_pixels(), o.off.options());
-  const bool gather = lists.defined();
   for (int64_t b0 = 0; b0 < g.batch; b0 += nb) {
     const Chunk ch{b0, std::min(nb, g.batch - b0), 0, g.out_pixels()};
     const at::Tensor xs = o.images<T>(ch);
@@ -1482,15 +1284,10 @@ void depthwise_backward_impl(
     if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     const bool aligned = cuda::is_aligned(xs.const_data_ptr<T>(), 16) && cuda::is_aligned(go.const_data_ptr<T>(), 16);
     const int v = vector_width<T>(g.in_per_offset_group(), aligned, col2im_max_bytes<T>());
-    if (!gather || want[1] || want[2] || want[4]) {
-      launch_col2im<T, true>(
-          tile_layout(g, ch, v), v, go.const_data_ptr<T>(), wt.const_data_ptr<T>(), xs.const_data_ptr<T>(), o,
-          want[0] && !gather ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
-          want[4] ? acc.gmask.data_ptr<A>() : nullptr, want[2] ? acc.gw.data_ptr<A>() : nullptr);
-    }
-    if (gather) {
-      gather_grad_input<T, true>(g, ch, o, go.const_data_ptr<T>(), wt.const_data_ptr<T>(), lists, gx_buf.data_ptr<A>());
-    }
+    launch_col2im<T, true>(
+        tile_layout(g, ch, v), v, go.const_data_ptr<T>(), wt.const_data_ptr<T>(), xs.const_data_ptr<T>(), o,
+        want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
+        want[4] ? acc.gmask.data_ptr<A>() : nullptr, want[2] ? acc.gw.data_ptr<A>() : nullptr);
     if (want[0]) write_grad_input<T>(gx_buf, ch, grad_input);
   }
 }
@@ -1518,9 +1315,6 @@ void backward_impl(
   at::Tensor gx_buf;  // the chunk's grad_input, channels-last
   if (want[0])
     gx_buf = at::empty({max_images, g.height, g.width, g.in_channels}, opts.dtype(c10::CppTypeToScalarType<A>::value));
-  GatherBuffers lists;
-  if (want[0] && grad_input_by_gather()) lists = GatherBuffers(g, max_images, max_rows, opts);
-  const bool gather = lists.defined();
   at::Tensor xs;
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) {
@@ -1554,13 +1348,10 @@ void backward_impl(
       at::bmm_out(dst, go4[ch.b0].narrow(2, ch.p0, ch.n).transpose(1, 2), o.w);
     }
     const int v = chunk_vector_width<T>(g, xs, col2im_max_bytes<T>());
-    if (!gather || want[1] || want[4]) {
-      launch_col2im<T, false>(
-          tile_layout(g, ch, v), v, col.const_data_ptr<T>(), nullptr, xs.const_data_ptr<T>(), o,
-          want[0] && !gather ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
-          want[4] ? acc.gmask.data_ptr<A>() : nullptr, nullptr);
-    }
-    if (gather) gather_grad_input<T, false>(g, ch, o, col.const_data_ptr<T>(), nullptr, lists, gx_buf.data_ptr<A>());
+    launch_col2im<T, false>(
+        tile_layout(g, ch, v), v, col.const_data_ptr<T>(), nullptr, xs.const_data_ptr<T>(), o,
+        want[0] ? gx_buf.data_ptr<A>() : nullptr, want[1] ? acc.goff.data_ptr<A>() : nullptr,
+        want[4] ? acc.gmask.data_ptr<A>() : nullptr, nullptr);
     if (want[0] && ch.p0 + ch.n == P) {
       write_grad_input<T>(gx_buf, ch, grad_input);
     }
