@@ -15,8 +15,8 @@
 //     forward_impl) at::bmm over the images or groups straight into the NCHW output,
 //     prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
 //     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. Depthwise (one
-//     input and one output channel per group): deform_conv2d_depthwise_kernel computes the
-//     output directly, with no columns.
+//     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
+//     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -848,7 +848,7 @@ void fill_bias(at::Tensor& out, const at::Tensor& bias) {
 // Channels per work item: the largest power of two up to max_bytes that divides channels
 // (the channels per group and per offset group, so that an item never straddles either),
 // with 16-byte-aligned data. More channels per item spread a sampling point's index
-// arithmetic over more loads (the depthwise forward: up to 64 bytes); col2im, bound by its
+// arithmetic over more loads (the direct depthwise forward: up to 64 bytes); col2im, bound by its
 // atomics, runs faster with more, smaller items (kCol2imMaxV channels, at most 16 bytes).
 template <typename T>
 int vector_width(int64_t channels, bool aligned, int max_bytes = 64) {
@@ -1097,8 +1097,10 @@ bool depthwise_direct_forced() {
 
 // The tiled depthwise forward (deform_conv2d_depthwise_tile_kernel) over all images, in launches
 // of fewer than 2^31 output pixels; false (nothing launched), for the direct kernel to take,
-// where its 32-bit tile indices or its grid would not hold the shape. Its shared memory stays
-// under 48 KB: a slice spans at most lanes + 2 offset groups, so a stage holds at most 512 points.
+// where its 32-bit tile indices or its grid would not hold the shape. A stage holds at most 512
+// points (with 256 threads, under 48 KB even in float64): a slice of fewer than 32 lanes holds
+// every channel, so tp * offset groups <= 256 * V / Cog <= 256, and at 32 lanes tp is 8 and a
+// slice spans at most 34 offset groups.
 template <typename T>
 bool launch_depthwise_tiled(
     const DeformConv2dGeometry& g, const CudaOperands& o, const at::Tensor& xs, const at::Tensor& wt,
