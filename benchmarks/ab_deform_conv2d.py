@@ -17,9 +17,8 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
 Paths that an environment variable selects, read per call, need one build and one process:
 ``interleave ROUNDS [--depthwise] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by shape, the
 default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order that rotates,
-so that every variant sees the same machine state; a setting whose variables all name the
-depthwise path runs at depthwise shapes alone. ``--depthwise`` times depthwise layers of several
-networks' sizes instead of the grid. ``report FILE A B`` compares any two labels.
+so that every variant sees the same machine state. ``--depthwise`` times depthwise layers of
+several networks' sizes instead of the grid. ``report FILE A B`` compares any two labels.
 
     python benchmarks/ab_deform_conv2d.py interleave 3 \
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
@@ -99,13 +98,10 @@ def interleave(rounds, settings):
     for r in range(rounds):
         order = labels[r % len(labels) :] + labels[: r % len(labels)]  # no variant always first
         for s in pick():
-            depthwise = s.groups == s.C == s.C_out
-            for label, env in ((label, variants[label]) for label in order):
-                if not depthwise and env and all("DEPTHWISE" in k for k in env):
-                    continue
+            for label in order:
                 for k in (k for v in variants.values() for k in v):
                     os.environ.pop(k, None)
-                os.environ.update(env)
+                os.environ.update(variants[label])
                 measure(label, s)
 
 

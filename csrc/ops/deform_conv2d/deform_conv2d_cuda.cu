@@ -1119,7 +1119,8 @@ bool launch_depthwise_tiled(
   const int ld = cs + (sizeof(T) >= 4 ? 1 : 4 / static_cast<int>(sizeof(T)));
   const int64_t smem = std::max<int64_t>(
       static_cast<int64_t>(tp) * kb * ogs * sizeof(DepthwisePoint<A>), static_cast<int64_t>(tp) * ld * sizeof(T));
-  if (smem > (48 << 10) || slices > 65535) return false;
+  TORCH_INTERNAL_ASSERT(smem <= (48 << 10), "deform_conv2d_depthwise_tile_kernel: ", smem, " bytes of shared memory");
+  if (slices > 65535) return false;
   DepthwiseTileLayout L;
   L.g = g;
   L.lanes = lanes;
