@@ -24,8 +24,9 @@ several networks' sizes instead of the grid. ``report FILE A B`` compares any tw
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt direct old
 
-``run LABEL [SUBSTRING]`` prints one tab-separated line per shape (label, shape, dtype, fwd µs,
-fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose name or dtype contains it.
+``run LABEL [SUBSTRING | --depthwise]`` prints one tab-separated line per shape (label, shape,
+dtype, fwd µs, fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose name or dtype
+contains it, and ``--depthwise`` times the depthwise layers instead.
 """
 
 import collections
@@ -81,7 +82,10 @@ def depthwise_shapes():
 
 
 def run(label, only=None):
-    for s in shapes():
+    pick = shapes
+    if only == "--depthwise":
+        pick, only = depthwise_shapes, None
+    for s in pick():
         if not only or only in s.name() + str(s.dtype):
             measure(label, s)
 
