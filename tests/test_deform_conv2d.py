@@ -468,6 +468,19 @@ def test_cuda_depthwise_tiled_matches_cpu_and_the_direct_kernel(name, dtype, mon
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("name,fixed", [("3x3", True), ("7x7_in_stages", False), ("7x7_odd", False)])
+def test_cuda_depthwise_grad_weight_in_registers_or_shared_memory_matches_cpu(name, fixed, dtype):
+    # The depthwise col2im sums grad_weight per thread in registers, each (pixel, tap) slot
+    # keeping one tap, where at most 1/16 of a block's slots would idle (3x3); else (49 taps) by
+    # shared-memory atomics per task. 7x7_odd: one channel a thread, 32 threads a slot.
+    odd = dict(B=2, C=3, H=9, W=10, C_out=3, groups=3, og=3, k=(7, 7), pad=(3, 3))
+    kw = odd if name == "7x7_odd" else DEPTHWISE_TILE_CONFIGS[name]
+    kernel = ", true, true>(" if fixed else ", true, false>("  # col2im's <T, V, kDepthwise, kFixedK>
+    _ran_kernel(kernel, lambda: _cuda_vs_cpu(_inputs(**kw, scale=1.5), dtype, *CUDA_TOL[dtype]), {})
+
+
+@needs_cuda
 def test_cuda_depthwise_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
     from customops.testing.paths import assert_launch_fails
 
