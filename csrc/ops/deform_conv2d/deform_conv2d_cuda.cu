@@ -397,7 +397,8 @@ struct TileLayout {
 // kFixedK (depthwise, grad_weight requested): each (pixel, tap) slot keeps one tap for all its
 // pixels, so that grad_weight sums in registers and reaches shared memory once per thread, not
 // once per task: a float atomicAdd on shared memory is a compare-and-swap loop, and the slots of
-// one tap contended for it (launch_col2im says where it is taken).
+// one tap contended for it (launch_col2im says where it is taken; it needs slots >= taps, else
+// step would be 0).
 template <typename T, int V, bool kDepthwise, bool kFixedK>
 __global__ void deform_conv2d_col2im_kernel(
     const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
@@ -1068,16 +1069,18 @@ void launch_col2im(
     };
     const auto fixed = deform_conv2d_col2im_kernel<T, V, kDepthwise, kDepthwise>;
     const auto per_task = deform_conv2d_col2im_kernel<T, V, kDepthwise, false>;
-    // Fixed taps leave slots % taps of a block's slots idle: taken where at most 1/16 would be
-    // (3x3: 108 of 112 slots busy at the H200's register count; 7x7: 98, left per task). H200,
-    // forward + backward: 3x3 layers 1.06 to 1.11x faster, 7x7 ones 0.88x in float16 with fixed
-    // taps (benchmarks/results/deform_conv2d_ab_depthwise_grad_weight_NVIDIA_H200_2026-12-04.md).
-    const int64_t fixed_slots = kDepthwise && gw ? block_threads(fixed) / (kSlice / V) : 0;
-    const int64_t busy = fixed_slots / L.g.taps() * L.g.taps();
-    if (busy > 0 && busy * 16 >= fixed_slots * 15) {
+    // Fixed taps, taken only as measured faster (H200, forward + backward, 3x3 layers of batch 8
+    // 1.07 to 1.11x; benchmarks/results/deform_conv2d_ab_depthwise_grad_weight_NVIDIA_H200_2026-12-04.md):
+    // at most 1/16 of a block's slots idle (slots % taps: 3x3 leaves 4 of 112) and a block of at
+    // least 7/8 of the per-task kernel's threads (the fixed-tap kernels take more registers: at
+    // 896 of 1024 threads they won; where a build gave float16's 800, 7x7 lost 12 to 14%).
+    const int per_task_threads = block_threads(per_task);
+    const int fixed_threads = kDepthwise && gw ? block_threads(fixed) : 0;
+    const int64_t fixed_slots = fixed_threads / (kSlice / V), busy = fixed_slots / L.g.taps() * L.g.taps();
+    if (busy > 0 && busy * 16 >= fixed_slots * 15 && fixed_threads * 8 >= per_task_threads * 7) {
       launch(fixed, static_cast<int>(fixed_slots) * (kSlice / V));
     } else {
-      launch(per_task, block_threads(per_task));
+      launch(per_task, per_task_threads);
     }
     CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_col2im_kernel");
   });
