@@ -495,7 +495,7 @@ __global__ void deform_conv2d_col2im_kernel(
           }
           if (coords) bilinear_tap_grads(tap, d, m, &gy, &gxv, &gm);
           if constexpr (kDepthwise) {
-            if (kFixedK) {
+            if constexpr (kFixedK) {
 #pragma unroll
               for (int j = 0; j < V; ++j) gwr[j] += go[j] * m * s[j];
             } else if (gw_size > 0) {
