@@ -469,18 +469,20 @@ def test_cuda_depthwise_tiled_matches_cpu_and_the_direct_kernel(name, dtype, mon
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("name", ["3x3", "7x7_in_stages", "7x7_odd"])
+@pytest.mark.parametrize("name", ["3x3", "several_slices", "offset_groups_in_a_slice", "7x7_in_stages", "7x7_odd"])
 def test_cuda_depthwise_grad_weight_in_registers_or_shared_memory_matches_cpu(name, dtype):
     # The depthwise col2im sums grad_weight per thread in registers, each (pixel, tap) slot
     # keeping one tap, where at most 1/16 of a block's slots would idle (3x3) and the fixed-tap
     # kernel's registers leave it at least 7/8 of the threads; else by shared-memory atomics per
     # task (49 taps). 3x3 in float32 takes the registers (71 registers, 896 threads, in the builds
-    # seen); in float16 (73 or fewer) it depends on the build. 7x7_odd: one channel a thread.
+    # seen); in float16 (73 or fewer) it depends on the build. several_slices: a last slice of 8
+    # of its 32 channels; offset_groups_in_a_slice: 12 channels per offset group, so that a
+    # slice's threads sample different points. 7x7_odd: one channel a thread.
     odd = dict(B=2, C=3, H=9, W=10, C_out=3, groups=3, og=3, k=(7, 7), pad=(3, 3))
     kw = odd if name == "7x7_odd" else DEPTHWISE_TILE_CONFIGS[name]
     t, v = {torch.float32: "float", torch.float16: "c10::Half"}[dtype], 1 if name == "7x7_odd" else 4
     kernel = f"deform_conv2d_col2im_kernel<{t}, {v}, true, "  # <T, V, kDepthwise, kFixedK>
-    if name != "3x3":
+    if kw.get("k", (3, 3)) != (3, 3):
         kernel += "false>("
     elif dtype == torch.float32:
         kernel += "true>("

@@ -40,6 +40,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <tuple>
 #include <type_traits>
@@ -397,8 +399,7 @@ struct TileLayout {
 // kFixedK (depthwise, grad_weight requested): each (pixel, tap) slot keeps one tap for all its
 // pixels, so that grad_weight sums in registers and reaches shared memory once per thread, not
 // once per task: a float atomicAdd on shared memory is a compare-and-swap loop, and the slots of
-// one tap contended for it (launch_col2im says where it is taken; it needs slots >= taps, else
-// step would be 0).
+// one tap contended for it (launch_col2im says where it is taken; it needs slots >= taps).
 template <typename T, int V, bool kDepthwise, bool kFixedK>
 __global__ void deform_conv2d_col2im_kernel(
     const T* __restrict__ gcol, const T* __restrict__ wt, const T* __restrict__ xs, const T* __restrict__ off,
@@ -430,6 +431,9 @@ __global__ void deform_conv2d_col2im_kernel(
   const int pixels = L.th * L.tw, tasks = pixels * taps;
   // kFixedK: slot s takes tap s % taps of pixels s / taps + i * step; else task base + slot.
   const int step = kFixedK ? slots / taps : slots, total = kFixedK ? pixels : tasks;
+  if constexpr (kFixedK) {
+    if (step == 0) __trap();  // the launcher rules it out; else the loop below would not end
+  }
   A gwr[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) gwr[j] = 0;
@@ -1035,6 +1039,23 @@ constexpr int col2im_max_bytes() {
   return std::min<int>(16, kCol2imMaxV * static_cast<int>(sizeof(T)));
 }
 
+// cudaFuncGetAttributes(kernel).maxThreadsPerBlock on the current device, asked once per kernel
+// and device: a driver call per launch would add to the host work that bounds batch-1 backwards.
+inline int max_threads_per_block(const void* kernel) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> known;
+  const std::pair<const void*, int> key{kernel, c10::cuda::current_device()};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto it = known.find(key);
+    if (it != known.end()) return it->second;
+  }
+  cudaFuncAttributes attr;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const std::lock_guard<std::mutex> lock(mu);
+  return known.emplace(key, attr.maxThreadsPerBlock).first->second;
+}
+
 template <typename T, bool kDepthwise>
 void launch_col2im(
     const TileLayout& L, int v, const T* gcol, const T* wt, const T* xs, const CudaOperands& o, at::opmath_type<T>* gx,
@@ -1051,9 +1072,8 @@ void launch_col2im(
     const auto block_threads = [&](auto kernel) {
       int threads = kCol2imThreads / cuda::kThreads * cuda::block_size("deform_conv2d_col2im_kernel");
       if (threads == kCol2imThreads) {  // not the failed-launch test's block size
-        cudaFuncAttributes attr;
-        C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-        threads = std::min(threads, attr.maxThreadsPerBlock / 32 * 32);  // whole warps: kLanes divides 32
+        const int most = max_threads_per_block(reinterpret_cast<const void*>(kernel));
+        threads = std::min(threads, most / 32 * 32);  // whole warps: kLanes divides 32
       }
       return threads;
     };
