@@ -24,9 +24,11 @@ several networks' sizes instead of the grid. ``report FILE A B`` compares any tw
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt direct old
 
-``run LABEL [SUBSTRING | --depthwise]`` prints one tab-separated line per shape (label, shape,
-dtype, fwd µs, fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose name or dtype
-contains it, and ``--depthwise`` times the depthwise layers instead.
+``run LABEL [SUBSTRING | --depthwise | --channels-last]`` prints one tab-separated line per shape
+(label, shape, dtype, fwd µs, fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose
+name or dtype contains it, ``--depthwise`` times the depthwise layers instead, and
+``--channels-last`` the shapes of batch > 1 (the depthwise layers' in float16) with a
+channels_last input.
 """
 
 import collections
@@ -85,6 +87,15 @@ def run(label, only=None):
     pick = shapes
     if only == "--depthwise":
         pick, only = depthwise_shapes, None
+    elif only == "--channels-last":
+        only = None
+
+        def pick():
+            import torch
+
+            dw = [s for s in depthwise_shapes() if s.dtype == torch.float16]
+            return [s._replace(channels_last=True) for s in shapes() + dw if s.B > 1]
+
     for s in pick():
         if not only or only in s.name() + str(s.dtype):
             measure(label, s)

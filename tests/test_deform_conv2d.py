@@ -25,6 +25,7 @@ def _torchvision():
 
 
 tvops, TV_MISSING = _torchvision()
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 needs_torchvision = pytest.mark.skipif(
     tvops is None,
     reason=f"torchvision is not importable here ({TV_MISSING}); torchvision 0.29.1 loads with torch 2.14.1 only "
@@ -149,8 +150,49 @@ def test_several_column_chunks_and_layouts(dtype):
     torch.testing.assert_close(out.double(), ref, **tol)
     kw_cl = dict(kw, input=kw["input"].to(memory_format=torch.channels_last))
     out_cl = customops.deform_conv2d(**kw_cl)
-    assert out_cl.is_contiguous()
-    torch.testing.assert_close(out_cl, out, atol=0, rtol=0)
+    assert out_cl.is_contiguous(memory_format=torch.channels_last) and not out_cl.is_contiguous()
+    torch.testing.assert_close(out_cl.double(), out.double(), **tol)  # GEMMs into the other layout
+
+
+CHANNELS_LAST_CONFIGS = {
+    "one_group": dict(B=2, C=16, H=9, W=11, C_out=8, groups=1, og=2),
+    "one_group_no_bias": dict(B=2, C=16, H=9, W=11, C_out=8, groups=1, og=2, bias=False),
+    "groups": dict(B=2, C=12, H=8, W=7, C_out=6, groups=3, og=1),
+    "depthwise": dict(B=3, C=24, H=10, W=9, C_out=24, groups=24, og=3),
+    "depthwise_direct": dict(B=2, C=8, H=6, W=7, C_out=8, groups=8, og=1),
+    "one_pixel_output": dict(B=2, C=8, H=3, W=3, C_out=4, groups=1, og=1, pad=(0, 0)),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("name", list(CHANNELS_LAST_CONFIGS))
+def test_channels_last_input_gives_a_channels_last_output_and_the_same_values(name, device, monkeypatch):
+    # As conv2d: a channels_last input (that is not also contiguous) gives a channels_last
+    # output, whose gradient comes back channels_last too (the CUDA backward reads it without a
+    # copy with one group). A 1x1 output is both layouts at once.
+    if name == "depthwise_direct":
+        monkeypatch.setenv("CUSTOMOPS_TEST_DEPTHWISE_DIRECT", "1")
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    kw = {k: (v.to(device, dtype) if isinstance(v, torch.Tensor) else v)
+          for k, v in _inputs(**CHANNELS_LAST_CONFIGS[name]).items()}  # fmt: skip
+    leaves = {k: v.requires_grad_() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    out = customops.deform_conv2d(**kw)
+    grad = torch.randn_like(out)
+    want = torch.autograd.grad(out, list(leaves.values()), grad)
+    x_cl = kw["input"].detach().to(memory_format=torch.channels_last).requires_grad_()
+    out_cl = customops.deform_conv2d(**dict(kw, input=x_cl))
+    if name == "one_pixel_output":
+        assert out_cl.shape[2:] == (1, 1) and out_cl.is_contiguous()
+    else:
+        assert out_cl.is_contiguous(memory_format=torch.channels_last) and not out_cl.is_contiguous()
+    torch.testing.assert_close(out_cl, out, atol=1e-5, rtol=1e-5)
+    got = torch.autograd.grad(out_cl, [x_cl] + list(leaves.values())[1:], grad.to(memory_format=torch.channels_last))
+    for key, a, b in zip(leaves, got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, key=key: f"grad {key}: {m}")
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:  # the fake kernel's strides
+        fake = customops.deform_conv2d(**{k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v)
+                                          for k, v in dict(kw, input=x_cl).items()})  # fmt: skip
+    assert fake.stride() == out_cl.stride()
 
 
 # The CPU's column chunks (column_chunk_pixels in deform_conv2d_cpu.cpp), forward and gradients:
@@ -359,8 +401,6 @@ def test_onnx_graph_is_one_deformconv():
 
 # --- CUDA: against the CPU kernel in float64 and torchvision's CUDA op ----------------------
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def _cuda_vs_cpu(kw, dtype, fwd_tol, grad_tol):
     """Forward and all five gradients on CUDA in ``dtype`` against the CPU kernel in float64
@@ -545,10 +585,12 @@ def test_cuda_channels_last_and_strided_inputs_give_the_same_result():
     out = customops.deform_conv2d(**kw)
     cl = dict(kw, input=kw["input"].to(memory_format=torch.channels_last))
     strided = dict(kw, offset=kw["offset"].transpose(2, 3).contiguous().transpose(2, 3))
-    for other in (cl, strided):
-        res = customops.deform_conv2d(**other)
-        assert res.is_contiguous()
-        torch.testing.assert_close(res, out, atol=0, rtol=0)
+    res = customops.deform_conv2d(**strided)
+    assert res.is_contiguous()
+    torch.testing.assert_close(res, out, atol=0, rtol=0)
+    res = customops.deform_conv2d(**cl)  # another GEMM: rows-major, straight into the output
+    assert res.is_contiguous(memory_format=torch.channels_last) and not res.is_contiguous()
+    torch.testing.assert_close(res, out, atol=1e-5, rtol=1e-5)
 
 
 @needs_cuda

@@ -63,8 +63,10 @@ def deform_conv2d(
         GEMMs follow torch's matmul precision settings.
 
     Returns:
-        A new contiguous (NCHW) tensor ``(B, C_out, H_out, W_out)`` of ``input``'s dtype and
-        device, whatever ``input``'s memory format.
+        A new tensor ``(B, C_out, H_out, W_out)`` of ``input``'s dtype and device:
+        channels_last where ``input`` is channels_last (and not also contiguous), as from
+        :func:`torch.nn.functional.conv2d`, else contiguous (NCHW). The gradients are
+        contiguous.
 
     Raises:
         TypeError: ``input``, ``offset`` or ``weight`` not a Tensor, ``bias`` or ``mask`` neither
@@ -268,7 +270,11 @@ def _output_shape(input, offset, weight, bias, stride, padding, dilation, mask):
 @torch.library.register_fake("customops::deform_conv2d")
 def _deform_conv2d_fake(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
     _check_devices(input, offset=offset, weight=weight, bias=bias, mask=mask)
-    return input.new_empty(_output_shape(input, offset, weight, bias, stride, padding, dilation, mask))
+    shape = _output_shape(input, offset, weight, bias, stride, padding, dilation, mask)
+    # deform_conv2d_output_format (csrc/ops/deform_conv2d/deform_conv2d.h)
+    channels_last = input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
 
 
 @torch.library.register_fake("customops::deform_conv2d_backward")

@@ -444,7 +444,7 @@ def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=
 DEFORM_CONV2D_CASES = [
     ("3x3_pad1_mask", 2, 4, (5, 6), 3, 1, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),  # first: exported
     ("dcnv1_stride2_2x3", 1, 3, (7, 6), 2, 1, 1, (2, 3), [2, 2], [0, 0], [1, 1], False, False, "contiguous", 1.5),
-    ("groups2_offset_groups3", 1, 6, (5, 5), 4, 2, 3, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
+    ("groups2_offset_groups3", 1, 6, (5, 5), 4, 2, 3, (3, 3), 1, 1, 1, True, True, "channels_last", 1.5),
     ("dilated_channels_last", 1, 4, (6, 7), 2, 1, 2, (3, 3), [1, 2], [2, 1], [2, 1], True, False, "channels_last", 1.5),
     ("depthwise", 1, 4, (5, 5), 4, 4, 2, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
     ("1x1_no_mask", 2, 4, (4, 5), 3, 1, 2, (1, 1), 1, 0, 1, False, True, "strided", 1.5),
@@ -500,6 +500,16 @@ def deform_conv2d_samples(device, dtype, requires_grad):
     offset_int = torch.randint(-2, 3, offset.shape, dtype=torch.float64).to(device=device, dtype=dtype)
     yield SampleInput(
         (rg(input), offset_int, rg(weight), rg(bias), stride, padding, dilation, rg(mask)), name="integer_offsets"
+    )
+
+
+def _deform_conv2d_output_format(sample):
+    """channels_last for a channels_last input that is not also contiguous, as conv2d."""
+    x = sample.args[0]
+    return (
+        torch.channels_last
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        else (torch.contiguous_format)
     )
 
 
@@ -655,6 +665,7 @@ DEFORM_CONV2D = OpSpec(
     supports_gradgrad=False,  # first-order gradients only: double backward raises
     gradcheck_nondet_tol=1e-12,  # the CUDA backward's atomics
     error_inputs=deform_conv2d_errors,
+    output_format=_deform_conv2d_output_format,
     cuda_kernels={
         "deform_conv2d_transpose_kernel": "3x3_pad1_mask",
         "deform_conv2d_im2col_kernel": "3x3_pad1_mask",

@@ -87,8 +87,8 @@ def _need_device(device: str) -> None:
 
 
 def check_eager(spec: OpSpec, device: str, quick: bool = False) -> None:
-    """Every sample in every supported dtype against the reference. Outputs are fresh,
-    contiguous tensors on the inputs' device; inputs are left unchanged."""
+    """Every sample in every supported dtype against the reference. Outputs are fresh tensors
+    on the inputs' device, in the spec's memory format; inputs are left unchanged."""
     _need_device(device)
     for dtype in spec.dtypes_on(device)[: 1 if quick else None]:
         for sample in _samples(spec, device, dtype, quick=quick):
@@ -96,8 +96,15 @@ def check_eager(spec: OpSpec, device: str, quick: bool = False) -> None:
             out = _call(spec, sample)
             assert_matches_reference(spec, sample, out, dtype, "eager")
             storages = {t.untyped_storage().data_ptr() for t in sample.tensors() if t.numel()}
+            fmt = spec.output_format(sample)
             for o in _as_tuple(out):
-                assert o.device.type == device and o.is_contiguous(), (spec.name, sample.name, o.device, o.stride())
+                assert o.device.type == device and o.is_contiguous(memory_format=fmt), (
+                    spec.name,
+                    sample.name,
+                    o.device,
+                    o.stride(),
+                    fmt,
+                )
                 assert not o.numel() or o.untyped_storage().data_ptr() not in storages, (
                     f"{spec.name}, sample {sample.name!r}: the output shares an input's storage"
                 )

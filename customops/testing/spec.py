@@ -100,6 +100,8 @@ class OpSpec:
         launch check reports) and a float32 sample that launches it.
     unsupported: ``{path: reason}`` for every path in :data:`PATHS` the op cannot take; the
         tests report it as skipped with this reason, and fail once the path starts working.
+    output_format: ``sample -> torch.memory_format`` of the op's outputs (contiguous unless the
+        op keeps an input's layout, as conv2d keeps channels_last).
     """
 
     name: str
@@ -113,6 +115,7 @@ class OpSpec:
     error_inputs: Callable[[str], Iterable[ErrorInput]] = lambda device: ()
     cuda_kernels: Dict[str, str] = dataclasses.field(default_factory=dict)
     unsupported: Dict[str, str] = dataclasses.field(default_factory=dict)
+    output_format: Callable[[SampleInput], torch.memory_format] = lambda sample: torch.contiguous_format
 
     def __post_init__(self):
         unknown = set(self.unsupported) - set(PATHS)

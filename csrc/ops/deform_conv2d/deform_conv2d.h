@@ -170,6 +170,14 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
   return g;
 }
 
+// The output's memory format: channels_last for an input that is channels_last and not also
+// contiguous (a channels_last network then gets channels_last activations back, as from conv2d),
+// else contiguous. The fake kernel (customops/ops/deform_conv2d.py) applies the same rule.
+inline at::MemoryFormat deform_conv2d_output_format(const at::Tensor& input) {
+  return input.is_contiguous(at::MemoryFormat::ChannelsLast) && !input.is_contiguous() ? at::MemoryFormat::ChannelsLast
+                                                                                       : at::MemoryFormat::Contiguous;
+}
+
 inline DeformConv2dGeometry check_deform_conv2d_backward_args(
     const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& mask, at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation) {

@@ -16,7 +16,8 @@
 //     for any number of threads); grad_offset and grad_mask from dot products of the grad
 //     columns with the four pixels (parallel over pixels).
 // 16-bit inputs are converted to float32 once and computed in float32 (GEMMs included);
-// float64 computes in float64. Outputs are fresh contiguous (NCHW) tensors.
+// float64 computes in float64. The output is in deform_conv2d_output_format (channels_last for
+// a channels_last input), the gradients contiguous.
 //
 // The inner loops are compiled twice, for the baseline ISA and for AVX2 + FMA, and the
 // second is chosen at run time where the CPU has it: the library is built with generic
@@ -517,8 +518,8 @@ at::Tensor forward_impl(
   const auto ct = c10::CppTypeToScalarType<T>::value;
   const ColumnLayout L(g);
   const Operands<T> ops(g, input, offset, weight, mask, !L.depthwise);
-  at::Tensor out_t = out.scalar_type() == ct ? out : at::empty(out.sizes(), out.options().dtype(ct));
-  const at::Tensor out3 = out_t.view({g.batch, g.out_channels, g.out_pixels()});
+  at::Tensor out_t = out.scalar_type() == ct ? out : at::empty_like(out, out.options().dtype(ct));
+  const at::Tensor out3 = out_t.flatten(2);  // (batch, out_channels, pixels), a view in either format
   if (L.depthwise) {
     const at::Tensor wt = weight.to(ct).reshape({g.in_channels, g.taps()}).t().contiguous();
     at::Tensor rows =
@@ -575,7 +576,7 @@ at::Tensor deform_conv2d_cpu(
   const DeformConv2dGeometry g = check_deform_conv2d_args(input, offset, weight, bias, stride, padding, dilation, mask);
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   at::Tensor out = at::empty(
-      {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(at::MemoryFormat::Contiguous));
+      {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(deform_conv2d_output_format(input)));
   if (out.numel() == 0) return out;
   if (input.scalar_type() == at::kDouble) return forward_impl<double>(g, input, offset, weight, bias, mask, out);
   return forward_impl<float>(g, input, offset, weight, bias, mask, out);

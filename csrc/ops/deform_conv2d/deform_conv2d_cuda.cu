@@ -14,7 +14,9 @@
 //     buffer that the transpose kernel moves into the NCHW output with the bias; else (see
 //     forward_impl) at::bmm over the images or groups straight into the NCHW output,
 //     prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
-//     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. Depthwise (one
+//     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. A channels_last
+//     output (deform_conv2d_output_format) with one group is the rows-major result itself
+//     (forward_nhwc). Depthwise (one
 //     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
 //     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
@@ -551,7 +553,7 @@ __global__ void deform_conv2d_col2im_kernel(
 template <typename T, int V>
 __global__ void deform_conv2d_depthwise_kernel(
     const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, const T* __restrict__ wt,
-    const T* __restrict__ bias, DeformConv2dGeometry g, T* __restrict__ out) {
+    const T* __restrict__ bias, DeformConv2dGeometry g, bool nhwc, T* __restrict__ out) {
   using A = at::opmath_type<T>;
   const int64_t C = g.in_channels, taps = g.taps(), P = g.out_pixels(), plane = g.height * g.width;
   const int64_t vecs = C / V, total = g.batch * P * vecs;
@@ -582,7 +584,7 @@ __global__ void deform_conv2d_depthwise_kernel(
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const A bv = bias ? static_cast<A>(bias[c + j]) : A(0);
-      out[(b * C + c + j) * P + p] = static_cast<T>(acc[j] + bv);
+      out[nhwc ? (b * P + p) * C + c + j : (b * C + c + j) * P + p] = static_cast<T>(acc[j] + bv);
     }
   }
 }
@@ -591,8 +593,9 @@ __global__ void deform_conv2d_depthwise_kernel(
 // image * P + pixel) and a slice of lanes * V channels: lanes threads per pixel on adjacent V
 // channels, so that a warp's corner loads are whole lines. The sampling points of a stage of taps
 // (offset groups of the slice included) are computed once per block into shared memory, not once
-// per thread; the output tile goes through shared memory so that the NCHW stores run along the
-// pixels. Same arithmetic, in the same order, as the direct kernel.
+// per thread; an NCHW output tile goes through shared memory so that its stores run along the
+// pixels (a channels_last one is stored from registers). Same arithmetic, in the same order, as
+// the direct kernel.
 // Sampling points per stage (taps are staged in batches of at most this many points per block).
 constexpr int kDepthwisePointsPerStage = 512;
 
@@ -608,6 +611,7 @@ struct DepthwiseTileLayout {
   uint32_t pixels;      // output pixels of the launch's images (below 2^31)
   int lanes, tp, kb;    // threads per pixel, pixels per block, taps per stage
   Divider P, out_w, kw;
+  bool nhwc;            // a channels_last output
 };
 
 template <typename T, int V>
@@ -684,6 +688,15 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += wv[j] * (pt.m * s[j]);
     }
+  }
+  if (L.nhwc) {
+    const uint32_t t = t0 + slot;
+    if (!has_c || t >= L.pixels) return;
+    A v[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = acc[j] + (bias ? static_cast<A>(bias[c + j]) : A(0));
+    store_vec<T, A, V>(out + (static_cast<int64_t>(L.b0) * P + t) * C + c, v);
+    return;
   }
   // The output tile, (tp, cs + pad) values of T, over the points: rows of an odd number of
   // 32-bit words, so that the stores' reads along the pixels fall in different banks.
@@ -851,32 +864,48 @@ void transpose_into(const Ti* src, To* dst, int64_t batch, int64_t rows, int64_t
 
 // out (batch, channels, P) = bias[channel], E values per 16-byte store: the bias as the GEMMs'
 // C operand. torch's copy of the broadcast bias stores value by value through an index
-// calculator (18 us of a 200 us forward at 8x256x64x64 float16 on the H200).
-template <typename T, int E>
+// calculator (18 us of a 200 us forward at 8x256x64x64 float16 on the H200). kNhwc: out
+// channels_last, each store E channels of one pixel (row_vecs unused, channels = C / E).
+template <typename T, int E, bool kNhwc>
 __global__ void deform_conv2d_bias_kernel(
     const T* __restrict__ bias, Divider row_vecs, Divider channels, uint32_t total, T* __restrict__ out) {
   for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += gridDim.x * blockDim.x) {
-    const T v = bias[channels.mod(row_vecs.div(idx))];
     T val[E];
+    if constexpr (kNhwc) {
+      const uint32_t c0 = channels.mod(idx) * E;
 #pragma unroll
-    for (int j = 0; j < E; ++j) val[j] = v;
+      for (int j = 0; j < E; ++j) val[j] = bias[c0 + j];
+    } else {
+      const T v = bias[channels.mod(row_vecs.div(idx))];
+#pragma unroll
+      for (int j = 0; j < E; ++j) val[j] = v;
+    }
     store_16_bytes(out + static_cast<int64_t>(idx) * E, val);
   }
 }
 
+// out (NCHW, or channels_last) = bias broadcast over the pixels.
 template <typename T>
 void fill_bias(at::Tensor& out, const at::Tensor& bias) {
   constexpr int E = 16 / sizeof(T);
+  const bool nhwc = !out.is_contiguous();
   const int64_t C = out.size(1), P = out.size(2) * out.size(3), total = out.numel() / E;
-  if (P % E != 0 || total > std::numeric_limits<uint32_t>::max() || !cuda::is_aligned(out.data_ptr(), 16)) {
+  if ((nhwc ? C : P) % E != 0 || total > std::numeric_limits<uint32_t>::max() ||
+      !cuda::is_aligned(out.data_ptr(), 16)) {
     out.copy_(bias.view({1, C, 1, 1}).expand_as(out));
     return;
   }
   const at::Tensor b = bias.contiguous();
-  DEFORM_CONV2D_LAUNCH(
-      "deform_conv2d_bias_kernel", (deform_conv2d_bias_kernel<T, E>), total, b.const_data_ptr<T>(),
-      Divider(static_cast<uint32_t>(P / E)), Divider(static_cast<uint32_t>(C)), static_cast<uint32_t>(total),
-      out.data_ptr<T>());
+  if (nhwc) {
+    DEFORM_CONV2D_LAUNCH(
+        "deform_conv2d_bias_kernel", (deform_conv2d_bias_kernel<T, E, true>), total, b.const_data_ptr<T>(), Divider(1u),
+        Divider(static_cast<uint32_t>(C / E)), static_cast<uint32_t>(total), out.data_ptr<T>());
+  } else {
+    DEFORM_CONV2D_LAUNCH(
+        "deform_conv2d_bias_kernel", (deform_conv2d_bias_kernel<T, E, false>), total, b.const_data_ptr<T>(),
+        Divider(static_cast<uint32_t>(P / E)), Divider(static_cast<uint32_t>(C)), static_cast<uint32_t>(total),
+        out.data_ptr<T>());
+  }
 }
 
 // Channels per work item: the largest power of two up to max_bytes that divides channels
@@ -1200,6 +1229,7 @@ bool launch_depthwise_tiled(
   L.P = Divider(static_cast<uint32_t>(P));
   L.out_w = Divider(static_cast<uint32_t>(g.out_w));
   L.kw = Divider(static_cast<uint32_t>(g.kw));
+  L.nhwc = out.is_contiguous(at::MemoryFormat::ChannelsLast) && !out.is_contiguous();
   const int64_t per_launch = std::max<int64_t>(1, (std::numeric_limits<int32_t>::max() - tp) / P);
   with_vector_width<T, 16 / static_cast<int>(sizeof(T))>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
@@ -1223,11 +1253,41 @@ at::Tensor group_columns(const at::Tensor& col, const DeformConv2dGeometry& g, c
   return col.narrow(0, 0, K * ch.rows()).view({ch.rows(), g.groups, K / g.groups}).permute({1, 0, 2});
 }
 
+// One group and a channels_last output: the output is the GEMMs' rows-major (pixels,
+// out_channels) result itself, one GEMM per chunk straight into it, the bias prefilled as its C
+// operand (with cuBLASLt's bias epilogue, at::addmm_out with a 1-D bias, float32 layers ran up
+// to 1.7x slower on the H200).
+template <typename T>
+void forward_nhwc(
+    const DeformConv2dGeometry& g, const CudaOperands& o, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
+  const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
+  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), 0);
+  int64_t max_rows = 0;
+  for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
+  at::Tensor col = at::empty({K * max_rows}, o.off.options());
+  const at::Tensor rows_out = out.permute({0, 2, 3, 1}).view({g.batch * P, g.out_channels});
+  if (bias.has_value()) fill_bias<T>(out, *bias);
+  const at::Tensor wt = o.w[0].t();  // (K, C_out)
+  at::Tensor xs;
+  for (const Chunk& ch : chunks) {
+    if (ch.p0 == 0) xs = o.images<T>(ch);
+    launch_im2col<T>(o, g, ch, xs, col);
+    at::Tensor dst = rows_out.narrow(0, ch.b0 * P + ch.p0, ch.rows());
+    const at::Tensor cols = col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K});
+    if (bias.has_value()) {
+      dst.addmm_(cols, wt);
+    } else {
+      at::mm_out(dst, cols, wt);
+    }
+  }
+}
+
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const CudaOperands o(g, input, offset, weight, mask);
+  const bool nhwc = !out.is_contiguous();  // deform_conv2d_output_format: channels_last
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = depthwise_taps_weight(weight.reshape({g.in_channels, g.taps()}));
@@ -1240,10 +1300,12 @@ void forward_impl(
       const auto kernel = deform_conv2d_depthwise_kernel<T, V>;
       DEFORM_CONV2D_LAUNCH(
           "deform_conv2d_depthwise_kernel", kernel, total, xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(),
-          o.mask_ptr<T>(), wt.const_data_ptr<T>(), b.defined() ? b.const_data_ptr<T>() : nullptr, g, out.data_ptr<T>());
+          o.mask_ptr<T>(), wt.const_data_ptr<T>(), b.defined() ? b.const_data_ptr<T>() : nullptr, g, nhwc,
+          out.data_ptr<T>());
     });
     return;
   }
+  if (nhwc) return forward_nhwc<T>(g, o, bias, out);  // one group (deform_conv2d_cuda)
   const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
   // The budget counts what grows with the GEMM's rows (columns, rows-major output); the
   // images' channels-last copies come on top, so that they do not shrink the GEMM (IEEE
@@ -1313,10 +1375,20 @@ at::Tensor deform_conv2d_cuda(
   const c10::cuda::CUDAGuard device_guard(input.device());
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   at::Tensor out = at::empty(
-      {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(at::MemoryFormat::Contiguous));
+      {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(deform_conv2d_output_format(input)));
   if (out.numel() == 0) return out;
+  // A channels_last output with several groups (not depthwise): computed NCHW, a GEMM per group
+  // as for an NCHW input, and transposed (a GEMM per group into the output's columns, strided by
+  // C_out, ran 1.7x slower at 4x96x56x56, 3 groups, float16, on the H200).
+  const bool depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
+  const bool via_nchw = !out.is_contiguous() && !depthwise && g.groups > 1;
+  at::Tensor dst = via_nchw ? at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous)) : out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d_cuda", [&] {
-    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, out);
+    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, dst);
+    if (via_nchw) {
+      transpose_into<scalar_t, scalar_t>(
+          dst.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), g.batch, g.out_channels, g.out_pixels());
+    }
   });
   return out;
 }
@@ -1382,7 +1454,12 @@ void backward_impl(
     max_images = std::max(max_images, ch.nb);
   }
   const auto opts = o.off.options();
-  const at::Tensor go4 = grad_out.contiguous().view({g.batch, g.groups, g.out_per_group(), P});
+  // One group: each chunk's grad_out as (C_out, rows), the GEMMs' operand, copied out of grad_out,
+  // by the transpose kernel where it is channels_last (a channels_last output's, usually: no
+  // NCHW copy of it); several groups: grad_out NCHW.
+  const bool go_nhwc = g.groups == 1 && grad_out.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor go4 = go_nhwc ? at::Tensor() : grad_out.contiguous().view({g.batch, g.groups, g.out_per_group(), P});
+  const at::Tensor go_pixels = go_nhwc ? grad_out.permute({0, 2, 3, 1}).reshape({g.batch * P, g.out_channels}) : go4;
   at::Tensor col = at::empty({K * max_rows}, opts);
   at::Tensor go_rows;  // groups == 1: grad_out of the chunk as (C_out, rows)
   if (g.groups == 1) go_rows = at::empty({g.out_channels * max_rows}, opts);
@@ -1398,7 +1475,11 @@ void backward_impl(
     const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
     const int64_t rows = ch.rows();
     at::Tensor gor;
-    if (g.groups == 1) {
+    if (go_nhwc) {
+      gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, rows});
+      transpose_into<T, T>(
+          go_pixels.narrow(0, ch.b0 * P + ch.p0, rows).const_data_ptr<T>(), gor.data_ptr<T>(), 1, rows, g.out_channels);
+    } else if (g.groups == 1) {
       gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, ch.nb, ch.n});
       gor.copy_(go4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n).permute({1, 0, 2}));
       gor = gor.view({g.out_channels, rows});
