@@ -167,9 +167,9 @@ CHANNELS_LAST_CONFIGS = {
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("name", list(CHANNELS_LAST_CONFIGS))
 def test_channels_last_input_gives_a_channels_last_output_and_the_same_values(name, device, monkeypatch):
-    # As conv2d: a channels_last input (that is not also contiguous) gives a channels_last
-    # output, whose gradient comes back channels_last too (the CUDA backward reads it without a
-    # copy with one group). A 1x1 output is both layouts at once.
+    # As conv2d: a channels_last input gives a channels_last output, and autograd then hands the
+    # backward a channels_last grad_out (the CUDA backward with one group copies each chunk's
+    # operand out of it, with no NCHW copy of the whole). A 1x1 output is both layouts at once.
     if name == "depthwise_direct":
         monkeypatch.setenv("CUSTOMOPS_TEST_DEPTHWISE_DIRECT", "1")
     dtype = torch.float64 if device == "cpu" else torch.float32
@@ -193,6 +193,60 @@ def test_channels_last_input_gives_a_channels_last_output_and_the_same_values(na
         fake = customops.deform_conv2d(**{k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v)
                                           for k, v in dict(kw, input=x_cl).items()})  # fmt: skip
     assert fake.stride() == out_cl.stride()
+
+
+def _layouts():
+    """(name, input, kernel size): inputs of several layouts, ambiguous ones included."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    cl = torch.channels_last
+    return [
+        ("contiguous", r(2, 4, 5, 6), 3),
+        ("channels_last", r(2, 4, 5, 6).to(memory_format=cl), 3),
+        ("slice_of_channels_last", r(2, 8, 5, 6).to(memory_format=cl)[:, 2:6], 3),
+        ("one_channel_channels_last", r(2, 1, 5, 6).to(memory_format=cl), 3),
+        ("one_pixel_channels_last", r(2, 4, 1, 1).to(memory_format=cl), 1),
+        ("batch_0_channels_last", r(0, 4, 5, 6).to(memory_format=cl), 3),
+        ("batch_1_channels_last", r(1, 4, 5, 6).to(memory_format=cl), 3),
+        ("transposed_hw", r(2, 4, 6, 5).transpose(2, 3), 3),
+    ]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in _layouts()])
+def test_output_layout_is_conv2ds_and_the_fake_kernels(name):
+    # The output takes the input's suggested memory format, as conv2d's output (contiguous
+    # weight) does, and the fake kernel's strides are the kernel's, so that compiled and exported
+    # graphs see the real layout.
+    from torch._prims_common import check_significant_strides
+
+    x, k = next((x, k) for n, x, k in _layouts() if n == name)
+    B, C, H, W = x.shape
+    w = torch.randn(3, C, k, k, dtype=x.dtype)
+    off = torch.randn(B, 2 * k * k, H, W, dtype=x.dtype)
+    out = customops.deform_conv2d(x, off, w, padding=k // 2)
+    conv = torch.nn.functional.conv2d(x, w, padding=k // 2)
+    with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
+        fake = customops.deform_conv2d(mode.from_tensor(x), mode.from_tensor(off), mode.from_tensor(w), padding=k // 2)
+    for other in (conv, fake):
+        same, _ = check_significant_strides(out, other, only_cuda=False)
+        assert same, (name, out.stride(), other.stride())
+
+
+def test_fake_kernel_decides_the_layout_of_a_data_dependent_batch():
+    # A batch from nonzero() or a mask is an unbacked size under torch.compile: the fake kernel
+    # decides the layout without a guard on it (torch's own stride test raises or answers
+    # contiguous there), as the kernels do at any batch.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    with FakeTensorMode(shape_env=env):
+        u0 = env.create_unbacked_symint()
+        torch._check(u0 >= 0)
+        for fmt in (torch.channels_last, torch.contiguous_format):
+            x = torch.empty((u0, 4, 5, 6), memory_format=fmt)
+            out = customops.deform_conv2d(x, torch.empty((u0, 18, 5, 6)), torch.empty(3, 4, 3, 3), padding=1)
+            assert out.stride() == torch.empty((1, 3, 5, 6), memory_format=fmt).stride()
 
 
 # The CPU's column chunks (column_chunk_pixels in deform_conv2d_cpu.cpp), forward and gradients:

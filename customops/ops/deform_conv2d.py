@@ -63,9 +63,10 @@ def deform_conv2d(
         GEMMs follow torch's matmul precision settings.
 
     Returns:
-        A new tensor ``(B, C_out, H_out, W_out)`` of ``input``'s dtype and device:
-        channels_last where ``input`` is channels_last (and not also contiguous), as from
-        :func:`torch.nn.functional.conv2d`, else contiguous (NCHW). The gradients are
+        A new tensor ``(B, C_out, H_out, W_out)`` of ``input``'s dtype and device, in
+        ``input``'s suggested memory format, as :func:`torch.nn.functional.conv2d`'s output
+        with a contiguous weight: channels_last where ``input``'s strides are channels_last-like
+        (a channels_last tensor, or a slice of one), else contiguous (NCHW). The gradients are
         contiguous.
 
     Raises:
@@ -271,10 +272,26 @@ def _output_shape(input, offset, weight, bias, stride, padding, dilation, mask):
 def _deform_conv2d_fake(input, offset, weight, bias=None, stride=1, padding=0, dilation=1, mask=None):
     _check_devices(input, offset=offset, weight=weight, bias=bias, mask=mask)
     shape = _output_shape(input, offset, weight, bias, stride, padding, dilation, mask)
-    # deform_conv2d_output_format (csrc/ops/deform_conv2d/deform_conv2d.h)
-    channels_last = input.is_contiguous(memory_format=torch.channels_last) and not input.is_contiguous()
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+    return torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=_output_format(input))
+
+
+def _output_format(input: Tensor) -> torch.memory_format:
+    """deform_conv2d_output_format (csrc/ops/deform_conv2d/deform_conv2d.h), the same loop:
+    torch's channels_last stride test with the batch taken as 1. A symbolic size or stride that
+    cannot be decided gives contiguous (no guard, no data-dependent error)."""
+    from torch.fx.experimental.symbolic_shapes import guard_or_true
+
+    sizes, strides = (1, *input.shape[1:]), input.stride()
+    if guard_or_true(strides[1] == 0):
+        return torch.contiguous_format
+    lo = 0
+    for d in (1, 3, 2, 0):
+        if guard_or_true(sizes[d] == 0) or guard_or_true(strides[d] < lo):
+            return torch.contiguous_format
+        if d == 0 and guard_or_true(lo == strides[1]):
+            return torch.contiguous_format
+        lo = strides[d] * sizes[d]
+    return torch.channels_last
 
 
 @torch.library.register_fake("customops::deform_conv2d_backward")

@@ -504,11 +504,12 @@ def deform_conv2d_samples(device, dtype, requires_grad):
 
 
 def _deform_conv2d_output_format(sample):
-    """channels_last for a channels_last input that is not also contiguous, as conv2d."""
-    x = sample.args[0]
+    """The input's suggested memory format, as conv2d's output."""
+    from torch._prims_common import suggest_memory_format
+
     return (
         torch.channels_last
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        if suggest_memory_format(sample.args[0]) == torch.channels_last
         else (torch.contiguous_format)
     )
 

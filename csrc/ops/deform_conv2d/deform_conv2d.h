@@ -170,12 +170,22 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
   return g;
 }
 
-// The output's memory format: channels_last for an input that is channels_last and not also
-// contiguous (a channels_last network then gets channels_last activations back, as from conv2d),
-// else contiguous. The fake kernel (customops/ops/deform_conv2d.py) applies the same rule.
+// The output's memory format, as conv2d's: the input's suggested one (channels_last for
+// channels_last-like strides, a channels_last tensor or a slice of one: a channels_last network
+// gets channels_last activations back), else contiguous. Tensor::suggest_memory_format's test
+// (is_channels_last_strides_2d), with the batch taken as 1 so that the fake kernel
+// (customops/ops/deform_conv2d.py, the same loop) decides a data-dependent batch without a guard;
+// an empty batch of channels_last strides gives channels_last, where conv2d gives contiguous.
 inline at::MemoryFormat deform_conv2d_output_format(const at::Tensor& input) {
-  return input.is_contiguous(at::MemoryFormat::ChannelsLast) && !input.is_contiguous() ? at::MemoryFormat::ChannelsLast
-                                                                                       : at::MemoryFormat::Contiguous;
+  const auto sizes = input.sizes(), strides = input.strides();
+  if (strides[1] == 0) return at::MemoryFormat::Contiguous;
+  int64_t lo = 0;
+  for (const int d : {1, 3, 2, 0}) {
+    const int64_t size = d == 0 ? 1 : sizes[d];
+    if (size == 0 || strides[d] < lo || (d == 0 && lo == strides[1])) return at::MemoryFormat::Contiguous;
+    lo = strides[d] * size;
+  }
+  return at::MemoryFormat::ChannelsLast;
 }
 
 inline DeformConv2dGeometry check_deform_conv2d_backward_args(

@@ -16,8 +16,8 @@
 //     for any number of threads); grad_offset and grad_mask from dot products of the grad
 //     columns with the four pixels (parallel over pixels).
 // 16-bit inputs are converted to float32 once and computed in float32 (GEMMs included);
-// float64 computes in float64. The output is in deform_conv2d_output_format (channels_last for
-// a channels_last input), the gradients contiguous.
+// float64 computes in float64. The output is in deform_conv2d_output_format (the input's
+// suggested memory format), the gradients contiguous.
 //
 // The inner loops are compiled twice, for the baseline ISA and for AVX2 + FMA, and the
 // second is chosen at run time where the CPU has it: the library is built with generic

@@ -827,7 +827,8 @@ template <typename Ti, typename To>
 void transpose_into(const Ti* src, To* dst, TransposeShape s, const To* bias = nullptr) {
   if (s.batch == 0 || s.rows == 0 || s.cols == 0) return;
   const int64_t total = s.batch * s.rows * s.cols;
-  if (std::min(s.rows, s.cols) < kTile && total <= std::numeric_limits<uint32_t>::max()) {
+  // 32-bit grid-stride indices: below 2^31 items, so that an index plus the grid's stride cannot wrap.
+  if (std::min(s.rows, s.cols) < kTile && total <= std::numeric_limits<int32_t>::max()) {
     DEFORM_CONV2D_LAUNCH(
         "deform_conv2d_transpose_kernel", (deform_conv2d_thin_transpose_kernel<Ti, To>), total, src, dst, bias, s,
         Divider(static_cast<uint32_t>(s.rows)), Divider(static_cast<uint32_t>(s.cols)), static_cast<uint32_t>(total));
@@ -890,7 +891,7 @@ void fill_bias(at::Tensor& out, const at::Tensor& bias) {
   constexpr int E = 16 / sizeof(T);
   const bool nhwc = !out.is_contiguous();
   const int64_t C = out.size(1), P = out.size(2) * out.size(3), total = out.numel() / E;
-  if ((nhwc ? C : P) % E != 0 || total > std::numeric_limits<uint32_t>::max() ||
+  if ((nhwc ? C : P) % E != 0 || total > std::numeric_limits<int32_t>::max() ||  // as transpose_into
       !cuda::is_aligned(out.data_ptr(), 16)) {
     out.copy_(bias.view({1, C, 1, 1}).expand_as(out));
     return;
@@ -1378,8 +1379,9 @@ at::Tensor deform_conv2d_cuda(
       {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(deform_conv2d_output_format(input)));
   if (out.numel() == 0) return out;
   // A channels_last output with several groups (not depthwise): computed NCHW, a GEMM per group
-  // as for an NCHW input, and transposed (a GEMM per group into the output's columns, strided by
-  // C_out, ran 1.7x slower at 4x96x56x56, 3 groups, float16, on the H200).
+  // as for an NCHW input, and transposed: the NCHW path's GEMMs and one pass over the output (a
+  // GEMM per group into the output's columns, strided by C_out, could not be told apart from it
+  // in the A/B's noise; docs/deform_conv2d.md).
   const bool depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
   const bool via_nchw = !out.is_contiguous() && !depthwise && g.groups > 1;
   at::Tensor dst = via_nchw ? at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous)) : out;
