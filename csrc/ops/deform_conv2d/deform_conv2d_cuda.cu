@@ -15,8 +15,8 @@
 //     forward_impl) at::bmm over the images or groups straight into the NCHW output,
 //     prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
 //     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. A channels_last
-//     output (deform_conv2d_output_format) with one group is the rows-major result itself
-//     (forward_nhwc). Depthwise (one
+//     output (deform_conv2d_output_format) with one group is the rows-major result itself.
+//     Depthwise (one
 //     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
 //     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
@@ -885,11 +885,18 @@ __global__ void deform_conv2d_bias_kernel(
   }
 }
 
+// Whether an output that the kernels allocated (contiguous or channels_last,
+// deform_conv2d_output_format) is to be written channels-last: where it is both, either layout
+// writes the same bytes, and the NCHW code runs.
+inline bool channels_last_output(const at::Tensor& out) {
+  return !out.is_contiguous();
+}
+
 // out (NCHW, or channels_last) = bias broadcast over the pixels.
 template <typename T>
 void fill_bias(at::Tensor& out, const at::Tensor& bias) {
   constexpr int E = 16 / sizeof(T);
-  const bool nhwc = !out.is_contiguous();
+  const bool nhwc = channels_last_output(out);
   const int64_t C = out.size(1), P = out.size(2) * out.size(3), total = out.numel() / E;
   if ((nhwc ? C : P) % E != 0 || total > std::numeric_limits<int32_t>::max() ||  // as transpose_into
       !cuda::is_aligned(out.data_ptr(), 16)) {
@@ -1230,7 +1237,7 @@ bool launch_depthwise_tiled(
   L.P = Divider(static_cast<uint32_t>(P));
   L.out_w = Divider(static_cast<uint32_t>(g.out_w));
   L.kw = Divider(static_cast<uint32_t>(g.kw));
-  L.nhwc = out.is_contiguous(at::MemoryFormat::ChannelsLast) && !out.is_contiguous();
+  L.nhwc = channels_last_output(out);
   const int64_t per_launch = std::max<int64_t>(1, (std::numeric_limits<int32_t>::max() - tp) / P);
   with_vector_width<T, 16 / static_cast<int>(sizeof(T))>(v, [&](auto vw) {
     constexpr int V = decltype(vw)::value;
@@ -1254,41 +1261,12 @@ at::Tensor group_columns(const at::Tensor& col, const DeformConv2dGeometry& g, c
   return col.narrow(0, 0, K * ch.rows()).view({ch.rows(), g.groups, K / g.groups}).permute({1, 0, 2});
 }
 
-// One group and a channels_last output: the output is the GEMMs' rows-major (pixels,
-// out_channels) result itself, one GEMM per chunk straight into it, the bias prefilled as its C
-// operand (with cuBLASLt's bias epilogue, at::addmm_out with a 1-D bias, float32 layers ran up
-// to 1.7x slower on the H200).
-template <typename T>
-void forward_nhwc(
-    const DeformConv2dGeometry& g, const CudaOperands& o, const c10::optional<at::Tensor>& bias, at::Tensor& out) {
-  const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
-  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), 0);
-  int64_t max_rows = 0;
-  for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
-  at::Tensor col = at::empty({K * max_rows}, o.off.options());
-  const at::Tensor rows_out = out.permute({0, 2, 3, 1}).view({g.batch * P, g.out_channels});
-  if (bias.has_value()) fill_bias<T>(out, *bias);
-  const at::Tensor wt = o.w[0].t();  // (K, C_out)
-  at::Tensor xs;
-  for (const Chunk& ch : chunks) {
-    if (ch.p0 == 0) xs = o.images<T>(ch);
-    launch_im2col<T>(o, g, ch, xs, col);
-    at::Tensor dst = rows_out.narrow(0, ch.b0 * P + ch.p0, ch.rows());
-    const at::Tensor cols = col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K});
-    if (bias.has_value()) {
-      dst.addmm_(cols, wt);
-    } else {
-      at::mm_out(dst, cols, wt);
-    }
-  }
-}
-
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const CudaOperands o(g, input, offset, weight, mask);
-  const bool nhwc = !out.is_contiguous();  // deform_conv2d_output_format: channels_last
+  const bool nhwc = channels_last_output(out);  // one group, or depthwise (deform_conv2d_cuda)
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = depthwise_taps_weight(weight.reshape({g.in_channels, g.taps()}));
@@ -1306,7 +1284,6 @@ void forward_impl(
     });
     return;
   }
-  if (nhwc) return forward_nhwc<T>(g, o, bias, out);  // one group (deform_conv2d_cuda)
   const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
   // The budget counts what grows with the GEMM's rows (columns, rows-major output); the
   // images' channels-last copies come on top, so that they do not shrink the GEMM (IEEE
@@ -1319,25 +1296,36 @@ void forward_impl(
   // 512 x 4608 x 1050 per image, float16, 4 images: 144 us batched into NCHW, 33 us
   // rows-major); its batched float32 GEMMs also ran up to 1.6x slower than one GEMM over the
   // images. Straight into NCHW, saving the output's round trip, stay: several groups (a GEMM
-  // per group), and aligned rows in 16-bit types or in chunks of one image.
+  // per group), and aligned rows in 16-bit types or in chunks of one image. A channels_last
+  // output is the rows-major result itself: the GEMMs write straight into it, the bias
+  // prefilled as their C operand (with cuBLASLt's bias epilogue, at::addmm_out with a 1-D bias,
+  // float32 layers ran up to 1.7x slower on the H200).
   const bool aligned = P * sizeof(T) % 16 == 0;
   const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
-  const bool rows_major = g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image));
-  if (rows_major) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0);
+  const bool rows_major = nhwc || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
+  if (rows_major && !nhwc) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0);
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor col = at::empty({K * max_rows}, opts);
   at::Tensor xs;
   if (rows_major) {
-    at::Tensor rows_out = at::empty({max_rows * g.out_channels}, opts);
+    const at::Tensor rows_out = nhwc ? out.permute({0, 2, 3, 1}).view({g.batch * P, g.out_channels})
+                                     : at::empty({max_rows, g.out_channels}, opts);
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+    if (nhwc && b.defined()) fill_bias<T>(out, b);
     const at::Tensor wt = o.w[0].t();  // (K, C_out)
     for (const Chunk& ch : chunks) {
       if (ch.p0 == 0) xs = o.images<T>(ch);
       launch_im2col<T>(o, g, ch, xs, col);
-      at::Tensor dst = rows_out.narrow(0, 0, ch.rows() * g.out_channels).view({ch.rows(), g.out_channels});
-      at::mm_out(dst, col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K}), wt);
+      at::Tensor dst = rows_out.narrow(0, nhwc ? ch.b0 * P + ch.p0 : 0, ch.rows());
+      const at::Tensor cols = col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K});
+      if (nhwc && b.defined()) {
+        dst.addmm_(cols, wt);
+      } else {
+        at::mm_out(dst, cols, wt);
+      }
+      if (nhwc) continue;
       transpose_into<T, T>(
           dst.const_data_ptr<T>(), out.data_ptr<T>() + ch.b0 * g.out_channels * P + ch.p0,
           TransposeShape{ch.nb, ch.n, g.out_channels, g.out_channels, ch.n * g.out_channels, P, g.out_channels * P},
@@ -1383,7 +1371,7 @@ at::Tensor deform_conv2d_cuda(
   // GEMM per group into the output's columns, strided by C_out, could not be told apart from it
   // in the A/B's noise; docs/deform_conv2d.md).
   const bool depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
-  const bool via_nchw = !out.is_contiguous() && !depthwise && g.groups > 1;
+  const bool via_nchw = channels_last_output(out) && !depthwise && g.groups > 1;
   at::Tensor dst = via_nchw ? at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous)) : out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d_cuda", [&] {
     forward_impl<scalar_t>(g, input, offset, weight, bias, mask, dst);
@@ -1461,7 +1449,8 @@ void backward_impl(
   // NCHW copy of it); several groups: grad_out NCHW.
   const bool go_nhwc = g.groups == 1 && grad_out.is_contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor go4 = go_nhwc ? at::Tensor() : grad_out.contiguous().view({g.batch, g.groups, g.out_per_group(), P});
-  const at::Tensor go_pixels = go_nhwc ? grad_out.permute({0, 2, 3, 1}).reshape({g.batch * P, g.out_channels}) : go4;
+  const at::Tensor go_pixels =
+      go_nhwc ? grad_out.permute({0, 2, 3, 1}).reshape({g.batch * P, g.out_channels}) : at::Tensor();
   at::Tensor col = at::empty({K * max_rows}, opts);
   at::Tensor go_rows;  // groups == 1: grad_out of the chunk as (C_out, rows)
   if (g.groups == 1) go_rows = at::empty({g.out_channels * max_rows}, opts);
