@@ -1384,9 +1384,10 @@ at::Tensor deform_conv2d_cuda(
 }
 
 // Accumulators of the requested gradients, in opmath: offset, mask (their shapes) and weight
-// (the columns' order).
+// (the columns' order); bias, summed from the chunks' grad_out rows where bias_from_rows.
 struct BackwardBuffers {
-  at::Tensor goff, gw, gmask;
+  at::Tensor goff, gw, gmask, gb;
+  bool bias_from_rows = false;
 };
 
 // grad_input's images of the chunk (NCHW contiguous) from its channels-last accumulator.
@@ -1446,7 +1447,11 @@ void backward_impl(
   const auto opts = o.off.options();
   // One group: each chunk's grad_out as (C_out, rows), the GEMMs' operand, copied out of grad_out,
   // by the transpose kernel where it is channels_last (a channels_last output's, usually: no
-  // NCHW copy of it); several groups: grad_out NCHW.
+  // NCHW copy of it), a view where it is one NCHW image's rows 16-byte aligned (cuBLAS's
+  // faster kernels need aligned rows), else by a copy; several groups: grad_out NCHW. The
+  // bias's gradient is then summed over these rows, a reduction along the inner dimension
+  // (torch's over dimensions 0, 2 and 3 took 19 us at 8x256x64x64 float16 NCHW, 39 channels_last,
+  // on the H200).
   const bool go_nhwc = g.groups == 1 && grad_out.is_contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor go4 = go_nhwc ? at::Tensor() : grad_out.contiguous().view({g.batch, g.groups, g.out_per_group(), P});
   const at::Tensor go_pixels =
@@ -1471,9 +1476,18 @@ void backward_impl(
       transpose_into<T, T>(
           go_pixels.narrow(0, ch.b0 * P + ch.p0, rows).const_data_ptr<T>(), gor.data_ptr<T>(), 1, rows, g.out_channels);
     } else if (g.groups == 1) {
-      gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, ch.nb, ch.n});
-      gor.copy_(go4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n).permute({1, 0, 2}));
-      gor = gor.view({g.out_channels, rows});
+      const at::Tensor src = go4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n);  // (nb, C_out, n)
+      if (ch.nb == 1 && cuda::is_aligned(src.const_data_ptr<T>(), 16) && P * sizeof(T) % 16 == 0) {
+        gor = src[0];
+      } else {
+        gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, ch.nb, ch.n});
+        gor.copy_(src.permute({1, 0, 2}));
+        gor = gor.view({g.out_channels, rows});
+      }
+    }
+    if (acc.bias_from_rows) {
+      at::Tensor s = at::sum(gor, at::IntArrayRef{1}, false, c10::CppTypeToScalarType<A>::value);
+      acc.gb = acc.gb.defined() ? acc.gb.add_(s) : s;
     }
     if (want[2]) {
       launch_im2col<T>(o, g, ch, xs, col);
@@ -1522,6 +1536,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_input;
   if (want[0]) grad_input = work ? at::empty(input.sizes(), opts) : at::zeros(input.sizes(), opts);
   BackwardBuffers acc;
+  acc.bias_from_rows =
+      output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
   if (want[1]) acc.goff = at::zeros(offset.sizes(), opts.dtype(acc_t));
   if (want[4]) acc.gmask = at::zeros(mask->sizes(), opts.dtype(acc_t));
   if (want[2]) acc.gw = at::zeros({g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, opts.dtype(acc_t));
@@ -1539,7 +1555,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   }
   return {
       want[0] ? grad_input : none(), want[1] ? acc.goff.to(dt) : none(), want[2] ? grad_weight : none(),
-      output_mask[3] ? at::sum(grad_out, at::IntArrayRef{0, 2, 3}, false, acc_t).to(dt) : none(),
+      output_mask[3] ? (acc.gb.defined() ? acc.gb : at::sum(grad_out, at::IntArrayRef{0, 2, 3}, false, acc_t)).to(dt)
+                     : none(),
       want[4] ? acc.gmask.to(dt) : none()};
 }
 
