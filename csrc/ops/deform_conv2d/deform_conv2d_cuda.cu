@@ -1536,8 +1536,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_input;
   if (want[0]) grad_input = work ? at::empty(input.sizes(), opts) : at::zeros(input.sizes(), opts);
   BackwardBuffers acc;
-  acc.bias_from_rows =
-      output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
+  acc.bias_from_rows = output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
   if (want[1]) acc.goff = at::zeros(offset.sizes(), opts.dtype(acc_t));
   if (want[4]) acc.gmask = at::zeros(mask->sizes(), opts.dtype(acc_t));
   if (want[2]) acc.gw = at::zeros({g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, opts.dtype(acc_t));
