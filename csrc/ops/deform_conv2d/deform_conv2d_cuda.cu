@@ -33,6 +33,10 @@
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
+#include <ATen/ops/addmm_cuda_dispatch.h>
+#include <ATen/ops/baddbmm_cuda_dispatch.h>
+#include <ATen/ops/bmm_cuda_dispatch.h>
+#include <ATen/ops/mm_cuda_dispatch.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <torch/library.h>
@@ -1255,10 +1259,28 @@ bool launch_depthwise_tiled(
   return true;
 }
 
-// The columns of group gi's GEMM operand as (groups, rows, kh * kw * in_channels / groups).
-at::Tensor group_columns(const at::Tensor& col, const DeformConv2dGeometry& g, const Chunk& ch) {
-  const int64_t K = g.in_channels * g.taps();
-  return col.narrow(0, 0, K * ch.rows()).view({ch.rows(), g.groups, K / g.groups}).permute({1, 0, 2});
+// The GEMMs' operands: each one as_strided view of a buffer's elements from `first`, in place of
+// a chain of views (narrow, select, view, permute, expand: about 20 ATen calls per batch-1
+// forward, torch.profiler).
+at::Tensor strided(const at::Tensor& t, int64_t first, at::IntArrayRef sizes, at::IntArrayRef strides) {
+  return t.as_strided(sizes, strides, t.storage_offset() + first);
+}
+
+// dst (+)= a x b, 2-D or batched, through the CUDA kernels' entry points (at::cuda::, what the
+// dispatcher reaches for these tensors: the same cuBLAS calls and precision settings) without
+// the dispatcher's per-call work.
+void matmul_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  if (dst.dim() == 2) {
+    if (accumulate) {
+      at::cuda::addmm_(dst, a, b);
+    } else {
+      at::cuda::mm_out(dst, a, b);
+    }
+  } else if (accumulate) {
+    at::cuda::baddbmm_(dst, a, b);
+  } else {
+    at::cuda::bmm_out(dst, a, b);
+  }
 }
 
 template <typename T>
@@ -1309,22 +1331,22 @@ void forward_impl(
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor col = at::empty({K * max_rows}, opts);
   at::Tensor xs;
+  // A chunk's columns are (rows, groups, Kg) and the weight (groups, C_out / groups, Kg).
+  const int64_t Kg = K / g.groups, Cg = g.out_per_group();
   if (rows_major) {
-    const at::Tensor rows_out = nhwc ? out.permute({0, 2, 3, 1}).view({g.batch * P, g.out_channels})
-                                     : at::empty({max_rows, g.out_channels}, opts);
+    at::Tensor buf;
+    if (!nhwc) buf = at::empty({max_rows, g.out_channels}, opts);
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
     if (nhwc && b.defined()) fill_bias<T>(out, b);
-    const at::Tensor wt = o.w[0].t();  // (K, C_out)
+    const at::Tensor wt = strided(o.w, 0, {K, g.out_channels}, {1, K});  // (K, C_out)
     for (const Chunk& ch : chunks) {
       if (ch.p0 == 0) xs = o.images<T>(ch);
       launch_im2col<T>(o, g, ch, xs, col);
-      at::Tensor dst = rows_out.narrow(0, nhwc ? ch.b0 * P + ch.p0 : 0, ch.rows());
-      const at::Tensor cols = col.narrow(0, 0, K * ch.rows()).view({ch.rows(), K});
-      if (nhwc && b.defined()) {
-        dst.addmm_(cols, wt);
-      } else {
-        at::mm_out(dst, cols, wt);
-      }
+      const int64_t rows = ch.rows();
+      at::Tensor dst = strided(
+          nhwc ? out : buf, nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0, {rows, g.out_channels},
+          {g.out_channels, 1});
+      matmul_into(dst, strided(col, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
       if (nhwc) continue;
       transpose_into<T, T>(
           dst.const_data_ptr<T>(), out.data_ptr<T>() + ch.b0 * g.out_channels * P + ch.p0,
@@ -1333,26 +1355,20 @@ void forward_impl(
     }
     return;
   }
-  const at::Tensor out4 = out.view({g.batch, g.groups, g.out_per_group(), P});
   // The bias is the GEMMs' C operand (beta = 1) instead of a pass over the output after them.
   if (bias.has_value()) fill_bias<T>(out, *bias);
-  const auto gemm = [&](at::Tensor& dst, const at::Tensor& a, const at::Tensor& b) {
-    if (bias.has_value()) {
-      dst.baddbmm_(a, b);
-    } else {
-      at::bmm_out(dst, a, b);
-    }
-  };
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) xs = o.images<T>(ch);
     launch_im2col<T>(o, g, ch, xs, col);
-    const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
+    const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
     if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
-      at::Tensor dst = out4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n);
-      gemm(dst, o.w[0].unsqueeze(0).expand({ch.nb, g.out_channels, K}), cols[0].view({ch.nb, ch.n, K}).transpose(1, 2));
+      at::Tensor dst = strided(out, first, {ch.nb, g.out_channels, ch.n}, {g.out_channels * P, P, 1});
+      matmul_into(
+          dst, strided(o.w, 0, {ch.nb, g.out_channels, K}, {0, K, 1}),
+          strided(col, 0, {ch.nb, K, ch.n}, {ch.n * K, 1, K}), bias.has_value());
     } else {  // over the groups of one image: (G, C_out / G, Kg) x (G, Kg, n)
-      at::Tensor dst = out4[ch.b0].narrow(2, ch.p0, ch.n);
-      gemm(dst, o.w, cols.transpose(1, 2));
+      at::Tensor dst = strided(out, first, {g.groups, Cg, ch.n}, {Cg * P, P, 1});
+      matmul_into(dst, o.w, strided(col, 0, {g.groups, Kg, ch.n}, {Kg, 1, K}), bias.has_value());
     }
   }
 }
@@ -1468,7 +1484,6 @@ void backward_impl(
       xs = o.images<T>(ch);
       if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
     }
-    const at::Tensor cols = group_columns(col, g, ch);  // (G, rows, Kg)
     const int64_t rows = ch.rows();
     at::Tensor gor;
     if (go_nhwc) {
@@ -1489,23 +1504,34 @@ void backward_impl(
       at::Tensor s = at::sum(gor, at::IntArrayRef{1}, false, c10::CppTypeToScalarType<A>::value);
       acc.gb = acc.gb.defined() ? acc.gb.add_(s) : s;
     }
-    if (want[2]) {
-      launch_im2col<T>(o, g, ch, xs, col);
-      if (g.groups == 1 && std::is_same<T, A>::value) {
-        acc.gw[0].addmm_(gor, cols[0]);
-      } else if (g.groups == 1) {  // a 16-bit GEMM, accumulated in opmath
-        acc.gw[0].add_(at::mm(gor, cols[0]));
-      } else {
-        acc.gw.add_(at::bmm(go4[ch.b0].narrow(2, ch.p0, ch.n), cols));
-      }
-    }
-    if (!(want[0] || want[1] || want[4])) continue;
+    // The GEMMs: grad_weight += grad_out x columns; grad columns = grad_out^T x weight, per group.
+    const int64_t Kg = K / g.groups, Cg = g.out_per_group();
     if (g.groups == 1) {
-      at::Tensor dst = cols[0];
-      at::mm_out(dst, gor.t(), o.w[0]);
-    } else {
+      const at::Tensor cols = strided(col, 0, {rows, K}, {K, 1});
+      if (want[2]) {
+        launch_im2col<T>(o, g, ch, xs, col);
+        if (std::is_same<T, A>::value) {
+          at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
+          matmul_into(gw, gor, cols, true);
+        } else {  // a 16-bit GEMM, accumulated in opmath
+          acc.gw.add_(at::mm(gor, cols));
+        }
+      }
+      if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
-      at::bmm_out(dst, go4[ch.b0].narrow(2, ch.p0, ch.n).transpose(1, 2), o.w);
+      matmul_into(
+          dst, strided(gor, 0, {rows, g.out_channels}, {1, gor.stride(0)}),
+          strided(o.w, 0, {g.out_channels, K}, {K, 1}), false);
+    } else {  // one image per chunk
+      const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
+      const at::Tensor cols = strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1});
+      if (want[2]) {
+        launch_im2col<T>(o, g, ch, xs, col);
+        acc.gw.add_(at::bmm(strided(go4, first, {g.groups, Cg, rows}, {Cg * P, P, 1}), cols));
+      }
+      if (!(want[0] || want[1] || want[4])) continue;
+      at::Tensor dst = cols;
+      matmul_into(dst, strided(go4, first, {g.groups, rows, Cg}, {Cg * P, 1, P}), o.w, false);
     }
     const int v = chunk_vector_width<T>(g, xs, col2im_max_bytes<T>());
     launch_col2im<T, false>(
