@@ -136,7 +136,12 @@ def main():
     for k in (1, 3):
         for backward in (False, True):
             what = "forward + backward" if backward else "forward"
-            host(f"1x512x32x32 {k}x{k} float16 {what}", inputs(1, 512, 32, 32, 256, k=k, grad=backward), backward, args.top)
+            host(
+                f"1x512x32x32 {k}x{k} float16 {what}",
+                inputs(1, 512, 32, 32, 256, k=k, grad=backward),
+                backward,
+                args.top,
+            )
 
 
 if __name__ == "__main__":
