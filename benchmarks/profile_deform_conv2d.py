@@ -17,28 +17,14 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import customops
+from bench_deform_conv2d import Shape, make_inputs  # benchmarks/ is sys.path[0] when run as a script
 
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
 
-def inputs(B, C, H, W, C_out, k=3, groups=1, og=1, dtype=F16, channels_last=False, grad=False):
-    g = torch.Generator().manual_seed(0)
-
-    def t(*s, scale=1.0, uniform=False):
-        x = torch.rand(s, generator=g) if uniform else torch.randn(s, generator=g) * scale
-        return x.to("cuda", dtype).requires_grad_(grad)
-
-    x = t(B, C, H, W)
-    if channels_last:
-        x = x.detach().to(memory_format=torch.channels_last).requires_grad_(grad)
-    return dict(
-        input=x,
-        offset=t(B, 2 * og * k * k, H, W, scale=2.0),
-        weight=t(C_out, C // groups, k, k, scale=0.1),
-        bias=t(C_out),
-        padding=k // 2,
-        mask=t(B, og * k * k, H, W, uniform=True),
-    )
+def inputs(shape, grad=False):
+    """The benchmark's inputs for shape, as deform_conv2d's keyword arguments."""
+    return dict(make_inputs(shape, "cuda", grad), padding=shape.pad)
 
 
 def step_fn(kw, backward):
@@ -83,16 +69,21 @@ def kernels(name, kw, backward, top, n=10):
         print(f"   {us:8.1f} us  x{count[key]:.1f}  {key}")
 
 
-def host(name, kw, backward, top, n=200):
-    step = step_fn(kw, backward)
+def wall_us(fn, n):
+    """Wall time per call of n calls after 20 warm-up calls, synchronised once at the end."""
     for _ in range(20):
-        step()
+        fn()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        step()
+        fn()
     torch.cuda.synchronize()
-    per_call = (time.perf_counter() - t0) / n * 1e6
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def host(name, kw, backward, top, n=200):
+    step = step_fn(kw, backward)
+    per_call = wall_us(step, n)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(20):
             step()
@@ -101,16 +92,11 @@ def host(name, kw, backward, top, n=200):
     events = sum(e.count for e in averages) / 20
     line = f"== host {name}: {per_call:.1f} us/call wall, {events:.0f} profiled events/call"
     if not backward:
-        conv = lambda: torch.nn.functional.conv2d(kw["input"], kw["weight"], kw["bias"], 1, kw["padding"])  # noqa: E731
         with torch.no_grad():
-            for _ in range(20):
-                conv()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                conv()
-            torch.cuda.synchronize()
-        line += f"; F.conv2d {(time.perf_counter() - t0) / n * 1e6:.1f} us/call"
+            conv = wall_us(
+                lambda: torch.nn.functional.conv2d(kw["input"], kw["weight"], kw["bias"], 1, kw["padding"]), n
+            )
+        line += f"; F.conv2d {conv:.1f} us/call"
     print(line)
     for e in averages[:top]:
         print(f"   self {e.self_cpu_time_total / 20:7.1f} us  x{e.count / 20:4.1f}  {e.key[:70]}")
@@ -121,27 +107,22 @@ def main():
     parser.add_argument("--top", type=int, default=14, help="rows per table")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    layer = (8, 256, 64, 64, 256)
-    for name, extra, backward in [
-        ("float16 forward", {}, False),
-        ("float16 channels_last forward", dict(channels_last=True), False),
-        ("bfloat16 forward", dict(dtype=BF16), False),
-        ("float16 4 offset groups forward", dict(og=4), False),
-        ("float16 forward + backward", {}, True),
-        ("float16 channels_last forward + backward", dict(channels_last=True), True),
-        ("depthwise float16 forward + backward", dict(groups=256), True),
-        ("depthwise float32 forward + backward", dict(groups=256, dtype=F32), True),
+    for name, shape, backward in [
+        ("float16 forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, False), False),
+        ("float16 channels_last forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, True), False),
+        ("bfloat16 forward", Shape(8, 256, 64, 64, 256, 1, 1, BF16, False), False),
+        ("float16 4 offset groups forward", Shape(8, 256, 64, 64, 256, 1, 4, F16, False), False),
+        ("float16 forward + backward", Shape(8, 256, 64, 64, 256, 1, 1, F16, False), True),
+        ("float16 channels_last forward + backward", Shape(8, 256, 64, 64, 256, 1, 1, F16, True), True),
+        ("depthwise float16 forward + backward", Shape(8, 256, 64, 64, 256, 256, 1, F16, False), True),
+        ("depthwise float32 forward + backward", Shape(8, 256, 64, 64, 256, 256, 1, F32, False), True),
     ]:
-        kernels(f"8x256x64x64 {name}", inputs(*layer, grad=backward, **extra), backward, args.top)
+        kernels(f"8x256x64x64 {name}", inputs(shape, grad=backward), backward, args.top)
     for k in (1, 3):
+        shape = Shape(1, 512, 32, 32, 256, 1, 1, F16, False, k=k, pad=k // 2)
         for backward in (False, True):
             what = "forward + backward" if backward else "forward"
-            host(
-                f"1x512x32x32 {k}x{k} float16 {what}",
-                inputs(1, 512, 32, 32, 256, k=k, grad=backward),
-                backward,
-                args.top,
-            )
+            host(f"1x512x32x32 {k}x{k} float16 {what}", inputs(shape, grad=backward), backward, args.top)
 
 
 if __name__ == "__main__":
