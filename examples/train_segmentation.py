@@ -79,6 +79,17 @@ def deform_conv(channels: int) -> nn.Module:
     )
 
 
+def upsample2x(x):
+    """Bilinear upsampling by 2, computed on a channels_last copy: torch's kernels for NCHW
+    tensors are the slow ones (its CUDA kernel runs a thread per output pixel that loops over
+    the batch and channels: on the H200, 3.4 of this network's 4.1 ms of kernels at a batch of
+    256; on 2 CPU threads 11 to 16 ms against 2.1 to 2.3 at 256x48x12x12), and the results are
+    the same, bit for bit."""
+    return F.interpolate(
+        x.contiguous(memory_format=torch.channels_last), scale_factor=2.0, mode="bilinear", align_corners=False
+    )
+
+
 class SegNet(nn.Module):
     """Encoder-decoder: plain 3x3 convolutions down to 1/4 of the input's side, modulated
     deformable 3x3 convolutions there, then up to 1/2 with a skip connection, where 1x1
@@ -96,9 +107,8 @@ class SegNet(nn.Module):
     def forward(self, x):
         skip = self.stem(x)
         deep = self.deform(self.down(skip))
-        up = F.interpolate(deep, scale_factor=2.0, mode="bilinear", align_corners=False)
-        out = self.classify(self.up(torch.cat([up, skip], 1)))
-        return F.interpolate(out, scale_factor=2.0, mode="bilinear", align_corners=False)
+        out = self.classify(self.up(torch.cat([upsample2x(deep), skip], 1)))
+        return upsample2x(out)
 
 
 def train(model, x, y, epochs: int, show_progress: bool = True):
