@@ -1,7 +1,8 @@
 """Where deform_conv2d's time goes on CUDA: GPU time per kernel (torch.profiler) at the grid's
 8x256x64x64 layer (float16 and bfloat16, NCHW and channels_last, 4 offset groups, depthwise),
 and host work per batch-1 call (1x512x32x32 -> 256, 1x1 and 3x3, float16): wall time per call
-(200 calls, synchronised once) against F.conv2d's, and the ATen calls by self CPU time.
+(200 calls, synchronised once) against F.conv2d's (forward, or forward + backward), and the
+ATen calls by self CPU time.
 
     python benchmarks/profile_deform_conv2d.py [--top 14]
 
@@ -27,8 +28,8 @@ def inputs(shape, grad=False):
     return dict(make_inputs(shape, "cuda", grad), padding=shape.pad)
 
 
-def step_fn(kw, backward):
-    call = lambda: customops.deform_conv2d(**kw)  # noqa: E731
+def step_fn(kw, backward, op=customops.deform_conv2d):
+    call = lambda: op(**kw)  # noqa: E731
     grad = torch.ones_like(call())
     leaves = [v for v in kw.values() if isinstance(v, torch.Tensor) and v.requires_grad]
 
@@ -90,14 +91,12 @@ def host(name, kw, backward, top, n=200):
         torch.cuda.synchronize()
     averages = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     events = sum(e.count for e in averages) / 20
-    line = f"== host {name}: {per_call:.1f} us/call wall, {events:.0f} profiled events/call"
-    if not backward:
-        with torch.no_grad():
-            conv = wall_us(
-                lambda: torch.nn.functional.conv2d(kw["input"], kw["weight"], kw["bias"], 1, kw["padding"]), n
-            )
-        line += f"; F.conv2d {conv:.1f} us/call"
-    print(line)
+    conv_kw = {k: kw[k].detach().requires_grad_(backward) for k in ("input", "weight", "bias")}
+    conv = step_fn(conv_kw | {"padding": kw["padding"]}, backward, torch.nn.functional.conv2d)
+    print(
+        f"== host {name}: {per_call:.1f} us/call wall, {events:.0f} profiled events/call; "
+        f"F.conv2d {wall_us(conv, n):.1f} us/call"
+    )
     for e in averages[:top]:
         print(f"   self {e.self_cpu_time_total / 20:7.1f} us  x{e.count / 20:4.1f}  {e.key[:70]}")
 

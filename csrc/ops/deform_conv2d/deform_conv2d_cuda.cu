@@ -37,6 +37,7 @@
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
 #include <ATen/ops/bmm_cuda_dispatch.h>
 #include <ATen/ops/mm_cuda_dispatch.h>
+#include <ATen/ops/sum_cuda_dispatch.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <torch/library.h>
@@ -1399,11 +1400,46 @@ at::Tensor deform_conv2d_cuda(
   return out;
 }
 
-// Accumulators of the requested gradients, in opmath: offset, mask (their shapes) and weight
-// (the columns' order); bias, summed from the chunks' grad_out rows where bias_from_rows.
+// Accumulators of the requested gradients, in opmath: offset, mask (their shapes), weight (the
+// columns' order) and a chunk's grad_input (gx, channels-last); bias, summed from the chunks'
+// grad_out rows where bias_from_rows.
 struct BackwardBuffers {
-  at::Tensor goff, gw, gmask, gb;
+  at::Tensor goff, gw, gmask, gb, gx;
   bool bias_from_rows = false;
+
+  // All of them zero. The temporaries (all but float32's and float64's offset and mask
+  // gradients, which are the outputs themselves) share one allocation and one fill: a batch-1
+  // backward is bound by its host work, of which each allocation and launch is a part.
+  void allocate(
+      const DeformConv2dGeometry& g, const at::Tensor& offset, const at::Tensor& mask, std::array<bool, 5> want,
+      std::vector<int64_t> gx_sizes = {}) {
+    const auto dt = offset.scalar_type(), acc_t = dt == at::kDouble ? at::kDouble : at::kFloat;
+    const auto opts = offset.options().dtype(acc_t);
+    std::vector<std::pair<at::Tensor*, std::vector<int64_t>>> temps;
+    const auto add = [&](at::Tensor& t, std::vector<int64_t> sizes, bool output) {
+      if (output) {
+        t = at::zeros(sizes, opts);
+      } else {
+        temps.emplace_back(&t, std::move(sizes));
+      }
+    };
+    if (want[1]) add(goff, offset.sizes().vec(), dt == acc_t);
+    if (want[4]) add(gmask, mask.sizes().vec(), dt == acc_t);
+    if (want[2]) add(gw, {g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, false);
+    if (want[0] && !gx_sizes.empty()) add(gx, std::move(gx_sizes), false);
+    if (temps.empty()) return;
+    // Parts 64 bytes apart or more (the kernels' vector atomics need 16-byte alignment).
+    const auto padded = [](int64_t n) { return ceil_div(n, 16) * 16; };
+    int64_t total = 0;
+    for (const auto& part : temps) total += padded(c10::multiply_integers(part.second));
+    const at::Tensor buf = at::zeros({total}, opts);
+    int64_t first = 0;
+    for (const auto& [t, sizes] : temps) {
+      const int64_t n = c10::multiply_integers(sizes);
+      *t = buf.narrow(0, first, n).view(sizes);
+      first += padded(n);
+    }
+  }
 };
 
 // grad_input's images of the chunk (NCHW contiguous) from its channels-last accumulator.
@@ -1427,14 +1463,13 @@ void depthwise_backward_impl(
   const int64_t image_bytes = std::max<int64_t>(1, gx_bytes + o.image_copy_bytes(g) + C * g.out_pixels() * sizeof(T));
   const int64_t nb = std::max<int64_t>(1, std::min(g.batch, kDepthwiseChunkBudget / image_bytes));
   const at::Tensor wt = depthwise_taps_weight(o.w.view({C, g.taps()}));
-  at::Tensor gx_buf;
-  if (want[0])
-    gx_buf = at::empty({nb, g.height, g.width, C}, o.off.options().dtype(c10::CppTypeToScalarType<A>::value));
+  acc.allocate(g, o.off, o.msk, want, {nb, g.height, g.width, C});
+  const at::Tensor& gx_buf = acc.gx;
   for (int64_t b0 = 0; b0 < g.batch; b0 += nb) {
     const Chunk ch{b0, std::min(nb, g.batch - b0), 0, g.out_pixels()};
     const at::Tensor xs = o.images<T>(ch);
     const at::Tensor go = channels_last_copy<T>(grad_out.narrow(0, ch.b0, ch.nb));
-    if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
+    if (want[0] && b0 > 0) gx_buf.narrow(0, 0, ch.nb).zero_();  // the first chunk's is allocated zero
     const bool aligned = cuda::is_aligned(xs.const_data_ptr<T>(), 16) && cuda::is_aligned(go.const_data_ptr<T>(), 16);
     const int v = vector_width<T>(g.in_per_offset_group(), aligned, col2im_max_bytes<T>());
     launch_col2im<T, true>(
@@ -1473,21 +1508,24 @@ void backward_impl(
   const at::Tensor go_pixels =
       go_nhwc ? grad_out.permute({0, 2, 3, 1}).reshape({g.batch * P, g.out_channels}) : at::Tensor();
   at::Tensor col = at::empty({K * max_rows}, opts);
-  at::Tensor go_rows;  // groups == 1: grad_out of the chunk as (C_out, rows)
-  if (g.groups == 1) go_rows = at::empty({g.out_channels * max_rows}, opts);
-  at::Tensor gx_buf;  // the chunk's grad_input, channels-last
-  if (want[0])
-    gx_buf = at::empty({max_images, g.height, g.width, g.in_channels}, opts.dtype(c10::CppTypeToScalarType<A>::value));
+  at::Tensor go_rows;  // groups == 1: grad_out of the chunk as (C_out, rows), where not a view
+  const auto rows_buffer = [&](int64_t rows) {
+    if (!go_rows.defined()) go_rows = at::empty({g.out_channels * max_rows}, opts);
+    return go_rows.narrow(0, 0, g.out_channels * rows);
+  };
+  acc.allocate(g, o.off, o.msk, want, {max_images, g.height, g.width, g.in_channels});
+  const at::Tensor& gx_buf = acc.gx;  // the chunk's grad_input, channels-last
   at::Tensor xs;
   for (const Chunk& ch : chunks) {
+    const bool first = &ch == &chunks.front();
     if (ch.p0 == 0) {
       xs = o.images<T>(ch);
-      if (want[0]) gx_buf.narrow(0, 0, ch.nb).zero_();
+      if (want[0] && !first) gx_buf.narrow(0, 0, ch.nb).zero_();  // the first chunk's is allocated zero
     }
     const int64_t rows = ch.rows();
     at::Tensor gor;
     if (go_nhwc) {
-      gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, rows});
+      gor = rows_buffer(rows).view({g.out_channels, rows});
       transpose_into<T, T>(
           go_pixels.narrow(0, ch.b0 * P + ch.p0, rows).const_data_ptr<T>(), gor.data_ptr<T>(), 1, rows, g.out_channels);
     } else if (g.groups == 1) {
@@ -1495,14 +1533,16 @@ void backward_impl(
       if (ch.nb == 1 && cuda::is_aligned(src.const_data_ptr<T>(), 16) && P * sizeof(T) % 16 == 0) {
         gor = src[0];
       } else {
-        gor = go_rows.narrow(0, 0, g.out_channels * rows).view({g.out_channels, ch.nb, ch.n});
+        gor = rows_buffer(rows).view({g.out_channels, ch.nb, ch.n});
         gor.copy_(src.permute({1, 0, 2}));
         gor = gor.view({g.out_channels, rows});
       }
     }
-    if (acc.bias_from_rows) {
-      at::Tensor s = at::sum(gor, at::IntArrayRef{1}, false, c10::CppTypeToScalarType<A>::value);
-      acc.gb = acc.gb.defined() ? acc.gb.add_(s) : s;
+    if (acc.bias_from_rows) {  // in the output's dtype where one chunk has all the rows
+      const at::ScalarType t =
+          chunks.size() == 1 ? c10::CppTypeToScalarType<T>::value : c10::CppTypeToScalarType<A>::value;
+      at::Tensor s = at::cuda::sum(gor, at::IntArrayRef{1}, false, t);
+      acc.gb = first ? s : acc.gb.add_(s);
     }
     // The GEMMs: grad_weight += grad_out x columns; grad columns = grad_out^T x weight, per group.
     const int64_t Kg = K / g.groups, Cg = g.out_per_group();
@@ -1510,11 +1550,13 @@ void backward_impl(
       const at::Tensor cols = strided(col, 0, {rows, K}, {K, 1});
       if (want[2]) {
         launch_im2col<T>(o, g, ch, xs, col);
+        at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
         if (std::is_same<T, A>::value) {
-          at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
           matmul_into(gw, gor, cols, true);
-        } else {  // a 16-bit GEMM, accumulated in opmath
-          acc.gw.add_(at::mm(gor, cols));
+        } else if (first) {  // a 16-bit GEMM with a float32 result (mm.dtype), into the accumulator
+          at::cuda::mm_out(gw, gor, cols, at::kFloat);
+        } else {
+          gw.add_(at::cuda::mm(gor, cols, at::kFloat));
         }
       }
       if (!(want[0] || want[1] || want[4])) continue;
@@ -1523,15 +1565,22 @@ void backward_impl(
           dst, strided(gor, 0, {rows, g.out_channels}, {1, gor.stride(0)}),
           strided(o.w, 0, {g.out_channels, K}, {K, 1}), false);
     } else {  // one image per chunk
-      const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
+      const int64_t first_out = ch.b0 * g.out_channels * P + ch.p0;
       const at::Tensor cols = strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1});
       if (want[2]) {
         launch_im2col<T>(o, g, ch, xs, col);
-        acc.gw.add_(at::bmm(strided(go4, first, {g.groups, Cg, rows}, {Cg * P, P, 1}), cols));
+        const at::Tensor go_g = strided(go4, first_out, {g.groups, Cg, rows}, {Cg * P, P, 1});
+        if (std::is_same<T, A>::value) {
+          matmul_into(acc.gw, go_g, cols, true);
+        } else if (first) {  // float32 results (bmm.dtype), summed in float32
+          at::cuda::bmm_out(acc.gw, go_g, cols, at::kFloat);
+        } else {
+          acc.gw.add_(at::cuda::bmm(go_g, cols, at::kFloat));
+        }
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
-      matmul_into(dst, strided(go4, first, {g.groups, rows, Cg}, {Cg * P, 1, P}), o.w, false);
+      matmul_into(dst, strided(go4, first_out, {g.groups, rows, Cg}, {Cg * P, 1, P}), o.w, false);
     }
     const int v = chunk_vector_width<T>(g, xs, col2im_max_bytes<T>());
     launch_col2im<T, false>(
@@ -1555,7 +1604,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   std::array<bool, 5> want = output_mask;
   want[4] = want[4] && g.has_mask;
   const auto dt = input.scalar_type();
-  const auto acc_t = dt == at::kDouble ? at::kDouble : at::kFloat;
   const auto opts = input.options();
   const bool work = (want[0] || want[1] || want[2] || want[4]) && g.batch > 0 && g.out_channels > 0;
   // Every image's grad_input is written from its accumulator; with no work it is zero.
@@ -1563,9 +1611,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   if (want[0]) grad_input = work ? at::empty(input.sizes(), opts) : at::zeros(input.sizes(), opts);
   BackwardBuffers acc;
   acc.bias_from_rows = output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
-  if (want[1]) acc.goff = at::zeros(offset.sizes(), opts.dtype(acc_t));
-  if (want[4]) acc.gmask = at::zeros(mask->sizes(), opts.dtype(acc_t));
-  if (want[2]) acc.gw = at::zeros({g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, opts.dtype(acc_t));
+  if (!work) acc.allocate(g, offset, mask.has_value() ? *mask : at::Tensor(), want);
   if (work) {
     const CudaOperands o(g, input, offset, weight, mask);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "deform_conv2d_backward_cuda", [&] {
@@ -1580,7 +1626,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   }
   return {
       want[0] ? grad_input : none(), want[1] ? acc.goff.to(dt) : none(), want[2] ? grad_weight : none(),
-      output_mask[3] ? (acc.gb.defined() ? acc.gb : at::sum(grad_out, at::IntArrayRef{0, 2, 3}, false, acc_t)).to(dt)
+      output_mask[3] ? (acc.gb.defined() ? acc.gb.to(dt) : at::sum(grad_out, at::IntArrayRef{0, 2, 3}, false, dt))
                      : none(),
       want[4] ? acc.gmask.to(dt) : none()};
 }
