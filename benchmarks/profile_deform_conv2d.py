@@ -45,8 +45,9 @@ def step_fn(kw, backward, op=customops.deform_conv2d):
     return step
 
 
-def kernels(name, kw, backward, top, n=10):
-    step = step_fn(kw, backward)
+def gpu_profile(step, n=10):
+    """Over n calls of step (after 3 warm-up calls): CUDA-event microseconds per call, and per
+    kernel name its GPU microseconds and launches per call (torch.profiler)."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
@@ -63,11 +64,20 @@ def kernels(name, kw, backward, top, n=10):
     time_, count = collections.Counter(), collections.Counter()
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA:
-            time_[ev.name[:90]] += ev.device_time / n
-            count[ev.name[:90]] += 1 / n
-    print(f"== {name}: events {start.elapsed_time(end) * 1e3 / n:.0f} us/call, kernels {sum(time_.values()):.0f}")
+            time_[ev.name[:100]] += ev.device_time / n
+            count[ev.name[:100]] += 1 / n
+    return start.elapsed_time(end) * 1e3 / n, time_, count
+
+
+def print_kernels(time_, count, top):
     for key, us in time_.most_common(top):
-        print(f"   {us:8.1f} us  x{count[key]:.1f}  {key}")
+        print(f"   {us:8.1f} us  x{count[key]:.1f}  {key[:90]}")
+
+
+def kernels(name, kw, backward, top):
+    events, time_, count = gpu_profile(step_fn(kw, backward))
+    print(f"== {name}: events {events:.0f} us/call, kernels {sum(time_.values()):.0f}")
+    print_kernels(time_, count, top)
 
 
 def wall_us(fn, n):

@@ -8,45 +8,30 @@ kernels by GPU time (torch.profiler, 10 calls).
 """
 
 import argparse
-import collections
 import copy
 import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+
+from profile_deform_conv2d import gpu_profile, print_kernels  # benchmarks/ is sys.path[0] when run as a script
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import train_segmentation as seg  # noqa: E402
 from train_digits import latency_ms  # noqa: E402
 
 
-def report(name, net, x, top, n=10):
+def report(name, net, x, top):
+    def step():
+        with torch.no_grad():
+            net(x)
+
     print(f"== {name}: {latency_ms(net, x, runs=20, warmup=3):.3f} ms per call (wall, synchronised)")
-    with torch.no_grad():
-        for _ in range(3):
-            net(x)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            net(x)
-        end.record()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(n):
-                net(x)
-            torch.cuda.synchronize()
-    time_, count = collections.Counter(), collections.Counter()
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            time_[ev.name[:100]] += ev.device_time / n
-            count[ev.name[:100]] += 1 / n
+    events, time_, count = gpu_profile(step)
     print(
-        f"   events {start.elapsed_time(end) * 1e3 / n:.0f} us per call; "
-        f"kernels {sum(time_.values()):.0f} us, {sum(count.values()):.0f} per call"
+        f"   events {events:.0f} us per call; kernels {sum(time_.values()):.0f} us, {sum(count.values()):.0f} per call"
     )
-    for key, us in time_.most_common(top):
-        print(f"   {us:8.1f} us  x{count[key]:.1f}  {key}")
+    print_kernels(time_, count, top)
 
 
 def main():
