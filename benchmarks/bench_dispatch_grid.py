@@ -20,7 +20,7 @@ MS = [1, 2, 4, 8, 9, 12, 16, 24, 32, 48, 64, 96, 128, 256, 511, 512, 1024, 2048,
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--worst", type=int, default=15, help="rows to print, worst ratio first")
     args = parser.parse_args()

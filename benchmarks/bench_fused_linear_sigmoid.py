@@ -248,7 +248,7 @@ def main_cpu(args, argv):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
     parser.add_argument(
         "--autotune-dtypes",

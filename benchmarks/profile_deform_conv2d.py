@@ -12,6 +12,7 @@ kernels' times: where events exceed kernels, the host bounds the call.
 
 import argparse
 import collections
+import sys
 import time
 
 import torch
@@ -112,9 +113,11 @@ def host(name, kw, backward, top, n=200):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=14, help="rows per table")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("profile_deform_conv2d.py: needs a CUDA GPU (torch.cuda.is_available() is False)")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for name, shape, backward in [
         ("float16 forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, False), False),

@@ -35,9 +35,11 @@ def report(name, net, x, top):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=20, help="kernels per table")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("profile_segmentation.py: needs a CUDA GPU (torch.cuda.is_available() is False)")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     torch.manual_seed(0)
     x_train, y_train, x, _ = (t.to("cuda") for t in seg.load_canvases(2000, 256))
