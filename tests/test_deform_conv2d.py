@@ -295,6 +295,23 @@ def test_each_output_mask_subset_gives_the_same_gradients():
         assert all(only[j].numel() == 0 for j in range(5) if j != i)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["dcnv2_groups_offset_groups", "depthwise", "5x5_outside"])
+def test_backward_outputs_own_their_memory(name, dtype, device):
+    """Each gradient is a tensor of its own, not a view of a buffer shared with another gradient
+    or with the backward's temporaries (a leaf's .grad would keep the whole buffer alive)."""
+    kw = {k: v.to(device, dtype) if isinstance(v, torch.Tensor) else v for k, v in _inputs(**CONFIGS[name]).items()}
+    out = torch.ops.customops.deform_conv2d(
+        kw["input"], kw["offset"], kw["weight"], kw["bias"], kw["stride"], kw["padding"], kw["dilation"], kw["mask"]
+    )  # fmt: skip
+    grads = _backward(kw, torch.randn_like(out), [True] * 5)
+    assert len({g.untyped_storage().data_ptr() for g in grads}) == 5
+    for g, like in zip(grads, (kw["input"], kw["offset"], kw["weight"], kw["bias"], kw["mask"])):
+        assert g.shape == like.shape and g.dtype == dtype and g.device == like.device
+        assert g.untyped_storage().nbytes() == g.numel() * g.element_size()
+
+
 def test_backward_is_the_same_for_any_number_of_threads():
     kw = _inputs(B=1, C=16, H=20, W=20, C_out=8, groups=1, og=2, dtype=torch.float32)
     grad_out = torch.randn(1, 8, 20, 20)
