@@ -83,8 +83,8 @@ def upsample2x(x):
     """Bilinear upsampling by 2, computed on a channels_last copy: torch's kernels for NCHW
     tensors are the slow ones (its CUDA kernel runs a thread per output pixel that loops over
     the batch and channels: on the H200, 3.4 of this network's 4.1 ms of kernels at a batch of
-    256; on 2 CPU threads 11 to 16 ms against 2.1 to 2.3 at 256x48x12x12), and the results are
-    the same, bit for bit."""
+    256; on 2 CPU threads 11 to 16 ms against 2.1 to 2.3 at 256x48x12x12), and the CPU's results
+    are the same, bit for bit."""
     return F.interpolate(
         x.contiguous(memory_format=torch.channels_last), scale_factor=2.0, mode="bilinear", align_corners=False
     )
