@@ -112,13 +112,20 @@ def host(name, kw, backward, top, n=200):
         print(f"   self {e.self_cpu_time_total / 20:7.1f} us  x{e.count / 20:4.1f}  {e.key[:70]}")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--top", type=int, default=14, help="rows per table")
+def gpu_args(doc, top):
+    """A profile's --top, parsed; exits with a message where no CUDA GPU is visible, else prints
+    which GPU and torch run it."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--top", type=int, default=top, help="rows per table")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("profile_deform_conv2d.py: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        sys.exit(f"{parser.prog}: needs a CUDA GPU (torch.cuda.is_available() is False)")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    return args
+
+
+def main():
+    args = gpu_args(__doc__, top=14)
     for name, shape, backward in [
         ("float16 forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, False), False),
         ("float16 channels_last forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, True), False),

@@ -7,14 +7,17 @@ kernels by GPU time (torch.profiler, 10 calls).
     python benchmarks/profile_segmentation.py [--top 20]
 """
 
-import argparse
 import copy
 import os
 import sys
 
 import torch
 
-from profile_deform_conv2d import gpu_profile, print_kernels  # benchmarks/ is sys.path[0] when run as a script
+from profile_deform_conv2d import (  # benchmarks/ is sys.path[0] when run as a script
+    gpu_args,
+    gpu_profile,
+    print_kernels,
+)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import train_segmentation as seg  # noqa: E402
@@ -35,12 +38,7 @@ def report(name, net, x, top):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--top", type=int, default=20, help="kernels per table")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("profile_segmentation.py: needs a CUDA GPU (torch.cuda.is_available() is False)")
-    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    args = gpu_args(__doc__, top=20)
     torch.manual_seed(0)
     x_train, y_train, x, _ = (t.to("cuda") for t in seg.load_canvases(2000, 256))
     model = seg.train(seg.SegNet().to("cuda"), x_train, y_train, 3, show_progress=False).eval()
