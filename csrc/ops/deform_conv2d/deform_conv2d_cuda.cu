@@ -1284,6 +1284,19 @@ void matmul_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, bool
   }
 }
 
+// acc += a x b, 2-D or batched, into an opmath accumulator: in its own type, or from 16-bit
+// operands as float32 results (mm.dtype, bmm.dtype), written straight into acc for the first chunk
+// (acc is zero then) and added for the others, so no chunk's sum is rounded to 16 bits.
+void accumulate_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, bool first) {
+  if (a.scalar_type() == acc.scalar_type()) return matmul_into(acc, a, b, true);
+  const bool two_d = acc.dim() == 2;
+  if (first) {
+    two_d ? at::cuda::mm_out(acc, a, b, at::kFloat) : at::cuda::bmm_out(acc, a, b, at::kFloat);
+  } else {
+    acc.add_(two_d ? at::cuda::mm(a, b, at::kFloat) : at::cuda::bmm(a, b, at::kFloat));
+  }
+}
+
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
@@ -1551,13 +1564,7 @@ void backward_impl(
       if (want[2]) {
         launch_im2col<T>(o, g, ch, xs, col);
         at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
-        if (std::is_same<T, A>::value) {
-          matmul_into(gw, gor, cols, true);
-        } else if (first) {  // a 16-bit GEMM with a float32 result (mm.dtype), into the accumulator
-          at::cuda::mm_out(gw, gor, cols, at::kFloat);
-        } else {
-          gw.add_(at::cuda::mm(gor, cols, at::kFloat));
-        }
+        accumulate_into(gw, gor, cols, first);
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
@@ -1569,14 +1576,7 @@ void backward_impl(
       const at::Tensor cols = strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1});
       if (want[2]) {
         launch_im2col<T>(o, g, ch, xs, col);
-        const at::Tensor go_g = strided(go4, first_out, {g.groups, Cg, rows}, {Cg * P, P, 1});
-        if (std::is_same<T, A>::value) {
-          matmul_into(acc.gw, go_g, cols, true);
-        } else if (first) {  // float32 results (bmm.dtype), summed in float32
-          at::cuda::bmm_out(acc.gw, go_g, cols, at::kFloat);
-        } else {
-          acc.gw.add_(at::cuda::bmm(go_g, cols, at::kFloat));
-        }
+        accumulate_into(acc.gw, strided(go4, first_out, {g.groups, Cg, rows}, {Cg * P, P, 1}), cols, first);
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
@@ -1611,12 +1611,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   if (want[0]) grad_input = work ? at::empty(input.sizes(), opts) : at::zeros(input.sizes(), opts);
   BackwardBuffers acc;
   acc.bias_from_rows = output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
-  if (!work) acc.allocate(g, offset, mask.has_value() ? *mask : at::Tensor(), want);
-  if (work) {
+  if (work) {  // the impls allocate acc with their chunks' grad_input accumulator
     const CudaOperands o(g, input, offset, weight, mask);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "deform_conv2d_backward_cuda", [&] {
       backward_impl<scalar_t>(g, grad_out, o, want, grad_input, acc);
     });
+  } else {
+    acc.allocate(g, offset, mask.has_value() ? *mask : at::Tensor(), want);
   }
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
   at::Tensor grad_weight;
