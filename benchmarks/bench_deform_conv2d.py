@@ -96,15 +96,17 @@ def model_shapes(dtype, batches):
     """Deformable layers of published networks, at each of ``batches`` (1: one image served):
     ResNet-50 with DCNv2 in stages 3 and 4 (Zhu et al. 2019; Mask R-CNN at 800 x 1333, so
     stride 16 is 50 x 84, and stage 4 opens with a stride-2 3x3); DCNv1 in stage 3 (Dai et al.
-    2017, no mask); an ASPP head of deformable 1x1, 3x3 and 7x7 branches (BiRefNet's
-    ASPPDeformable) at stride 32 of a 1024 x 1024 input; a dilated 3x3 (DeepLab-style
-    context); a depthwise 7x7 (a ConvNeXt-style block made deformable); and the main job's
+    2017, no mask); stage 4 at a classifier's 224 x 224 input (7 x 7: more output channels
+    than output pixels, a weight larger than the columns); an ASPP head of deformable 1x1, 3x3
+    and 7x7 branches (BiRefNet's ASPPDeformable) at stride 32 of a 1024 x 1024 input; a
+    dilated 3x3 (DeepLab-style context); a depthwise 7x7 (a ConvNeXt-style block made deformable); and the main job's
     segmentation layer (48 channels at 12 x 12, a batch of 256)."""
     m = []
     for b in batches:
         m += [
             Shape(b, 256, 50, 84, 256, 1, 1, dtype, False, note="R50-DCNv2 stage 3"),
             Shape(b, 512, 50, 84, 512, 1, 1, dtype, False, 3, 2, 1, note="R50-DCNv2 stage 4, first block"),
+            Shape(b, 512, 7, 7, 512, 1, 1, dtype, False, note="R50-DCNv2 stage 4 at 224 x 224"),
             Shape(b, 256, 50, 84, 256, 1, 1, dtype, False, mask=False, note="R50-DCNv1 stage 3"),
             Shape(b, 512, 32, 32, 256, 1, 1, dtype, False, 1, 1, 0, note="ASPP 1x1"),
             Shape(b, 512, 32, 32, 256, 1, 1, dtype, False, 3, 1, 1, note="ASPP 3x3"),

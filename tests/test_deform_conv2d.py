@@ -60,6 +60,9 @@ CONFIGS = {
     # depthwise kernels.
     "depthwise_multiplier_2": dict(C=6, C_out=12, groups=6, og=2),
     "5x5_outside": dict(k=(5, 5), scale=5.0, og=1),
+    # More output channels than output pixels in the batch (2 x 3 x 3 < 24): the CPU's GEMMs take
+    # the weight in its own order and transpose the columns instead (gemm_in_weight_order).
+    "weight_order": dict(H=2, W=3, C_out=24, k=(2, 3)),
 }
 
 
@@ -259,6 +262,8 @@ CPU_CHUNK_CONFIGS = {
     "depthwise_two_chunks": dict(B=2, C=64, H=64, W=64, C_out=64, groups=64, og=2),
     # 455-pixel chunks of 144-pixel images: 3 images per chunk (3 + 3 + 2), one GEMM per group.
     "images_per_chunk_groups": dict(B=8, C=512, H=12, W=12, C_out=8, groups=2, og=2),
+    # One image of 16 pixels and 64 output channels: the weight's order, one image per chunk.
+    "weight_order_one_image": dict(B=1, C=64, H=4, W=4, C_out=64, groups=1, og=2),
 }
 
 
@@ -297,7 +302,7 @@ def test_each_output_mask_subset_gives_the_same_gradients():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["dcnv2_groups_offset_groups", "depthwise", "5x5_outside"])
+@pytest.mark.parametrize("name", ["dcnv2_groups_offset_groups", "depthwise", "5x5_outside", "weight_order"])
 def test_backward_outputs_own_their_memory(name, dtype, device):
     """Each gradient is a tensor of its own, not a view of a buffer shared with another gradient
     or with the backward's temporaries (a leaf's .grad would keep the whole buffer alive)."""

@@ -452,6 +452,8 @@ DEFORM_CONV2D_CASES = [
     ("empty_batch", 0, 4, (5, 6), 3, 1, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
     # Groups with a bias and 16 output pixels: the CUDA forward's vector bias fill (P % 8 == 0).
     ("groups2_16_pixels", 1, 4, (4, 4), 2, 2, 1, (3, 3), 1, 1, 1, True, True, "contiguous", 1.5),
+    # More output channels than the batch's output pixels: the CPU's GEMMs in the weight's order.
+    ("out_channels_above_pixels", 2, 4, (3, 3), 26, 2, 2, (2, 3), 1, 1, 1, True, True, "contiguous", 1.5),
 ]
 
 

@@ -134,6 +134,28 @@ inline std::vector<Run> make_runs(const ColumnLayout& L, int64_t lo, int64_t hi)
   return runs;
 }
 
+// The GEMMs take the weight and the columns in one order of (tap, channel) within a group.
+// Where the whole call's column rows (batch * out_pixels) are fewer than the weight's rows
+// (out_channels), each chunk's columns are transposed, in cache, to the weight's own order
+// [group][channel][tap]; else the weight is permuted once to the columns' order (and
+// grad_weight back). A weight-heavy layer would otherwise spend more on the weight's copy
+// than on its GEMM (2 threads, 1x1024x8x8 -> 1024 3x3: the 38 MB permuted copy 15 ms, the
+// GEMM 8 ms; docs/deform_conv2d.md).
+bool gemm_in_weight_order(const DeformConv2dGeometry& g, const ColumnLayout& L) {
+  return !L.depthwise && L.taps > 1 && g.batch * g.out_pixels() < g.out_channels;
+}
+
+// Rows of columns from the columns' order to the weight's (to_weight_order) or back.
+void reorder_columns(
+    const at::Tensor& src, const at::Tensor& dst, const DeformConv2dGeometry& g, bool to_weight_order) {
+  const int64_t n = src.size(0), G = g.groups, K = g.taps(), C = g.in_per_group();
+  if (to_weight_order) {
+    dst.view({n, G, C, K}).copy_(src.view({n, G, K, C}).transpose(2, 3));
+  } else {
+    dst.view({n, G, K, C}).copy_(src.view({n, G, C, K}).transpose(2, 3));
+  }
+}
+
 inline std::vector<std::vector<Run>> runs_by_offset_group(const DeformConv2dGeometry& g) {
   const ColumnLayout L(g);
   std::vector<std::vector<Run>> runs;
@@ -459,12 +481,13 @@ void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, 
 // What the forward and the backward both read, converted to the compute type T.
 template <typename T>
 struct Operands {
-  at::Tensor x, off, msk, zero, w2;  // w2: (groups, out_channels / groups, kh * kw * in_channels / groups)
+  // w2: (groups, out_channels / groups, kh * kw * in_channels / groups), in the GEMMs' order
+  at::Tensor x, off, msk, zero, w2;
   DeformConv2dGeometry g;
 
   Operands(
       const DeformConv2dGeometry& geo, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
-      const c10::optional<at::Tensor>& mask, bool need_weight)
+      const c10::optional<at::Tensor>& mask, bool need_weight, bool weight_order)
       : g(geo) {
     const auto ct = c10::CppTypeToScalarType<T>::value;
     x = input.to(ct).contiguous(at::MemoryFormat::ChannelsLast);
@@ -472,8 +495,8 @@ struct Operands {
     if (mask.has_value()) msk = mask->to(ct).contiguous();
     zero = at::zeros({g.in_channels}, x.options());
     if (need_weight) {
-      w2 = weight.to(ct)
-               .permute({0, 2, 3, 1})
+      const at::Tensor w = weight.to(ct);
+      w2 = (weight_order ? w : w.permute({0, 2, 3, 1}))
                .contiguous()
                .view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()});
     }
@@ -517,7 +540,8 @@ at::Tensor forward_impl(
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
   const auto ct = c10::CppTypeToScalarType<T>::value;
   const ColumnLayout L(g);
-  const Operands<T> ops(g, input, offset, weight, mask, !L.depthwise);
+  const bool weight_order = gemm_in_weight_order(g, L);
+  const Operands<T> ops(g, input, offset, weight, mask, !L.depthwise, weight_order);
   at::Tensor out_t = out.scalar_type() == ct ? out : at::empty_like(out, out.options().dtype(ct));
   const at::Tensor out3 = out_t.flatten(2);  // (batch, out_channels, pixels), a view in either format
   if (L.depthwise) {
@@ -532,6 +556,12 @@ at::Tensor forward_impl(
     const int64_t P = g.out_pixels(), images = images_per_chunk(g, L, sizeof(T));
     const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
     at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+    const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
+    // The GEMMs' operand for a chunk of n rows whose columns im2col has written.
+    const auto gemm_cols = [&](int64_t n) {
+      if (weight_order) reorder_columns(col.narrow(0, 0, n), colw.narrow(0, 0, n), g, true);
+      return colw.narrow(0, 0, n);
+    };
     const Runs runs = runs_by_offset_group(g);
     if (images > 0) {
       // One GEMM per group over all the chunk's rows, into a rows-major (pixels, out_channels /
@@ -541,7 +571,7 @@ at::Tensor forward_impl(
       for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
         const int64_t nb = std::min(images, g.batch - b0);
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
-        const at::Tensor cols = col.narrow(0, 0, nb * P);
+        const at::Tensor cols = gemm_cols(nb * P);
         at::Tensor dst = rows.narrow(0, 0, nb * P);
         for (int64_t gc = 0; gc < g.groups; ++gc) {
           at::mm_out(dst, cols.narrow(1, gc * L.per_group, L.per_group), ops.w2[gc].t());
@@ -556,7 +586,7 @@ at::Tensor forward_impl(
         for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
           const int64_t n = std::min(chunk, g.out_pixels() - p0);
           im2col(im, runs, p0, n, col.data_ptr<T>());
-          const at::Tensor cols = col.narrow(0, 0, n);
+          const at::Tensor cols = gemm_cols(n);
           for (int64_t gc = 0; gc < g.groups; ++gc) {
             at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
             at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
@@ -591,35 +621,53 @@ void backward_impl(
     at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
   const auto ct = c10::CppTypeToScalarType<T>::value;
   const bool need_gcol = want[0] || want[1] || want[4];
-  const Operands<T> ops(g, input, offset, weight, mask, need_gcol);
-  const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const ColumnLayout L(g);
+  const bool weight_order = gemm_in_weight_order(g, L);
+  const Operands<T> ops(g, input, offset, weight, mask, need_gcol, weight_order);
+  const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const int64_t P = g.out_pixels();
   // Several small images per chunk as in the forward, with grad_out's chunk copied to
   // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms).
   const int64_t images = images_per_chunk(g, L, sizeof(T));
   const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
   at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+  const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
   const Runs runs = runs_by_offset_group(g);
+  // grad_weight (not zero-filled): the first chunk's GEMMs write it, the others add to it.
+  const auto accumulate_gw = [&](int64_t n, const at::Tensor& go_rows, bool first) {
+    if (weight_order) reorder_columns(col.narrow(0, 0, n), colw.narrow(0, 0, n), g, true);
+    const at::Tensor cols = colw.narrow(0, 0, n);
+    for (int64_t gc = 0; gc < g.groups; ++gc) {
+      const at::Tensor go_g = go_rows.narrow(0, gc * g.out_per_group(), g.out_per_group());
+      const at::Tensor cols_g = cols.narrow(1, gc * L.per_group, L.per_group);
+      at::Tensor dst = gw_t[gc];
+      if (first) {
+        at::mm_out(dst, go_g, cols_g);
+      } else {
+        dst.addmm_(go_g, cols_g);
+      }
+    }
+  };
+  // The grad columns (columns' order, in col) of n rows: grad_out's rows x the weight.
+  const auto grad_columns = [&](int64_t n, const at::Tensor& go_rows) {
+    for (int64_t gc = 0; gc < g.groups; ++gc) {
+      at::Tensor dst = colw.narrow(0, 0, n).narrow(1, gc * L.per_group, L.per_group);
+      at::mm_out(dst, go_rows.narrow(0, gc * g.out_per_group(), g.out_per_group()).t(), ops.w2[gc]);
+    }
+    if (weight_order) reorder_columns(colw.narrow(0, 0, n), col.narrow(0, 0, n), g, false);
+  };
   if (images > 0) {
     at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
     for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
       const int64_t nb = std::min(images, g.batch - b0);
-      const at::Tensor cols = col.narrow(0, 0, nb * P);
       at::Tensor gor = go_rows.narrow(1, 0, nb * P);
       gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
       if (want[2]) {
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
-        for (int64_t gc = 0; gc < g.groups; ++gc) {
-          gw_t[gc].addmm_(
-              gor.narrow(0, gc * g.out_per_group(), g.out_per_group()), cols.narrow(1, gc * L.per_group, L.per_group));
-        }
+        accumulate_gw(nb * P, gor, b0 == 0);
       }
       if (!need_gcol) continue;
-      for (int64_t gc = 0; gc < g.groups; ++gc) {
-        at::Tensor dst = cols.narrow(1, gc * L.per_group, L.per_group);
-        at::mm_out(dst, gor.narrow(0, gc * g.out_per_group(), g.out_per_group()).t(), ops.w2[gc]);
-      }
+      grad_columns(nb * P, gor);
       for (int64_t b = b0; b < b0 + nb; ++b) {
         const Image<T> im = ops.image(b);
         const T* gcol = col.const_data_ptr<T>() + (b - b0) * P * L.row;
@@ -640,6 +688,7 @@ void backward_impl(
     T* gmask = want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr;
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
       const int64_t n = std::min(chunk, P - p0);
+      const bool first = b == 0 && p0 == 0;
       const at::Tensor cols = col.narrow(0, 0, n);
       // Depthwise: columns (n, taps, C); each group's GEMM is a product of one channel's
       // values, done for all channels at once by broadcasting (a GEMM per channel was slower)
@@ -649,12 +698,11 @@ void backward_impl(
       if (want[2]) {
         im2col(im, runs, p0, n, col.data_ptr<T>());
         if (L.depthwise) {
-          gw_t.view({g.in_channels, g.taps()}).add_((cols.view({n, g.taps(), g.in_channels}) * go_nc).sum(0).t());
+          at::Tensor gw = gw_t.view({g.in_channels, g.taps()});
+          const at::Tensor part = (cols.view({n, g.taps(), g.in_channels}) * go_nc).sum(0).t();
+          first ? gw.copy_(part) : gw.add_(part);
         } else {
-          for (int64_t gc = 0; gc < g.groups; ++gc) {
-            const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-            gw_t[gc].addmm_(go_g, cols.narrow(1, gc * L.per_group, L.per_group));
-          }
+          accumulate_gw(n, go[b].narrow(1, p0, n), first);
         }
       }
       if (!need_gcol) continue;
@@ -662,11 +710,7 @@ void backward_impl(
         at::Tensor dst = cols.view({n, g.taps(), g.in_channels});
         at::mul_out(dst, go_nc, ops.w2.view({g.in_channels, g.taps()}).t().unsqueeze(0));
       } else {
-        for (int64_t gc = 0; gc < g.groups; ++gc) {
-          const at::Tensor go_g = go[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
-          at::Tensor dst = cols.narrow(1, gc * L.per_group, L.per_group);
-          at::mm_out(dst, go_g.t(), ops.w2[gc]);
-        }
+        grad_columns(n, go[b].narrow(1, p0, n));
       }
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
@@ -691,8 +735,9 @@ BackwardOutputs deform_conv2d_backward_cpu(
   at::Tensor gx_t = want[0] ? at::zeros({g.batch, g.height, g.width, g.in_channels}, opts) : at::Tensor();
   at::Tensor goff_t = want[1] ? at::zeros(offset.sizes(), opts) : at::Tensor();
   at::Tensor gmask_t = want[4] ? at::zeros(mask->sizes(), opts) : at::Tensor();
-  at::Tensor gw_t =
-      want[2] ? at::zeros({g.groups, g.out_per_group(), g.taps() * g.in_per_group()}, opts) : at::Tensor();
+  // grad_weight: written whole by backward_impl's first chunk where there is one.
+  const std::vector<int64_t> gw_shape{g.groups, g.out_per_group(), g.taps() * g.in_per_group()};
+  at::Tensor gw_t = want[2] ? (empty ? at::zeros(gw_shape, opts) : at::empty(gw_shape, opts)) : at::Tensor();
   const bool any = want[0] || want[1] || want[2] || want[4];
   if (any && !empty) {
     if (ct == at::kDouble) {
@@ -705,9 +750,12 @@ BackwardOutputs deform_conv2d_backward_cpu(
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
   at::Tensor grad_input = want[0] ? gx_t.permute({0, 3, 1, 2}).contiguous().to(dt) : none();
   at::Tensor grad_offset = want[1] ? goff_t.to(dt) : none();
-  at::Tensor grad_weight =
-      want[2] ? gw_t.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}).contiguous().to(dt)
-              : none();
+  at::Tensor grad_weight = none();
+  if (want[2] && gemm_in_weight_order(g, ColumnLayout(g))) {
+    grad_weight = gw_t.view({g.out_channels, g.in_per_group(), g.kh, g.kw}).to(dt);
+  } else if (want[2]) {
+    grad_weight = gw_t.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}).contiguous().to(dt);
+  }
   at::Tensor grad_bias = none();
   if (output_mask[3]) grad_bias = grad_out.to(ct).sum(at::IntArrayRef{0, 2, 3}).to(dt);
   at::Tensor grad_mask = want[4] ? gmask_t.to(dt) : none();
