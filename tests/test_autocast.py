@@ -1,6 +1,6 @@
-"""torch.autocast: fused_linear_sigmoid follows F.linear's policy (cast to the autocast dtype);
-add and sigmoid follow torch.add's and torch.sigmoid's (no cast). Eager, autograd, compile,
-and training with a GradScaler."""
+"""torch.autocast: fused_linear_sigmoid follows F.linear's policy and deform_conv2d conv2d's (cast
+to the autocast dtype); add and sigmoid follow torch.add's and torch.sigmoid's (no cast). Eager,
+autograd, compile, and training with a GradScaler."""
 
 import copy
 
@@ -11,7 +11,7 @@ from torch import nn
 
 import customops
 from conftest import HAS_CUDA, TOL
-from customops.nn import FusedLinearSigmoid
+from customops.nn import FusedLinearSigmoid, ModulatedDeformConv2d
 
 # (device, autocast dtype): CUDA autocasts to float16 or bfloat16, CPU to bfloat16.
 CASES = [("cpu", torch.bfloat16)] + ([("cuda", torch.float16), ("cuda", torch.bfloat16)] if HAS_CUDA else [])
@@ -147,3 +147,67 @@ def test_mixed_model_trains_with_grad_scaler_like_linear_sigmoid(device, dtype):
     torch.testing.assert_close(losses, ref_losses, atol=2e-2, rtol=2e-2)
     for p in mixed.parameters():
         assert p.dtype == torch.float32
+
+
+def _deform_args(device, dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    t = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device, dtype)  # noqa: E731
+    return dict(
+        input=t(2, 8, 6, 7), offset=t(2, 18, 6, 7, scale=1.5), weight=t(4, 8, 3, 3, scale=0.2), bias=t(4),
+        padding=1, mask=torch.rand(2, 9, 6, 7, generator=g).to(device, dtype),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_deform_conv2d_casts_inputs_like_conv2d(device, dtype):
+    kw = _deform_args(device)
+    with torch.autocast(device, dtype=dtype):
+        out = customops.deform_conv2d(**kw)
+        dense = F.conv2d(kw["input"], kw["weight"], kw["bias"], padding=1)
+    assert out.dtype == dense.dtype == dtype
+    # The computation happened in the 16-bit dtype: it equals the op on pre-cast inputs.
+    cast = {k: v.to(dtype) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    torch.testing.assert_close(out, customops.deform_conv2d(**cast), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_deform_conv2d_mixed_dtypes_work_under_autocast_only(device, dtype):
+    # The offsets of a modulated layer come from a conv2d, which autocast runs in 16 bits.
+    kw = _deform_args(device)
+    kw["offset"] = kw["offset"].to(dtype)
+    with pytest.raises(RuntimeError, match="offset"):
+        customops.deform_conv2d(**kw)
+    with torch.autocast(device, dtype=dtype):
+        assert customops.deform_conv2d(**kw).dtype == dtype
+    kw64 = {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in _deform_args(device).items()}
+    with torch.autocast(device, dtype=dtype):
+        assert customops.deform_conv2d(**kw64).dtype == torch.float64
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_modulated_module_trains_under_autocast(device, dtype, compiled):
+    torch.manual_seed(0)
+    layer = ModulatedDeformConv2d(8, 4, 3, padding=1).to(device)
+    with torch.no_grad():  # offsets and mask away from their initial zeros
+        layer.conv_offset.weight.normal_(0, 0.1)
+    ref = copy.deepcopy(layer)
+    x = torch.randn(2, 8, 6, 7, device=device)
+    torch._dynamo.reset()
+    run = torch.compile(layer, fullgraph=True) if compiled else layer
+    with torch.autocast(device, dtype=dtype):
+        out = run(x)
+    assert out.dtype == dtype
+    expected = ref(x)
+    torch.testing.assert_close(out.float(), expected, atol=5e-2, rtol=5e-2)
+    out.float().sum().backward()
+    expected.sum().backward()
+    for (name, p), r in zip(layer.named_parameters(), ref.parameters()):
+        assert p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all(), name
+        if name.startswith("conv_offset"):
+            # The offsets' gradient changes wherever rounding moves a sampling point across a
+            # pixel line: float64 on bfloat16-rounded inputs is 10 to 17% off already.
+            assert F.cosine_similarity(p.grad.flatten(), r.grad.flatten(), dim=0) > 0.9, name
+        else:
+            assert (p.grad - r.grad).norm() <= 2e-2 * r.grad.norm(), name
+    torch._dynamo.reset()

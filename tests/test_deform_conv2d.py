@@ -143,6 +143,34 @@ def test_points_outside_the_image_sample_zero_and_nothing_leaks_from_other_pixel
     torch.testing.assert_close(out, kw["bias"].view(1, -1, 1, 1).expand_as(out))
 
 
+def _right_hand_offset_gradient(kw, eps=1e-7):
+    base = customops.deform_conv2d(**kw).sum()
+    grad = torch.empty_like(kw["offset"])
+    for i in range(grad.numel()):
+        off = kw["offset"].clone()
+        off.view(-1)[i] += eps
+        grad.view(-1)[i] = (customops.deform_conv2d(**{**kw, "offset": off}).sum() - base) / eps
+    return grad
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_offset_gradient_at_integer_points_and_on_the_border_lines_is_right_hand(mask):
+    # Zero offsets with padding 1: every point is on an integer position, and the border taps on
+    # the lines y = -1 and x = -1, where the point samples 0 but moving it down or right does
+    # not (torchvision's gradient there too).
+    kw = _inputs(B=1, C=2, H=3, W=4, C_out=2, groups=1, og=1, mask=mask)
+    kw["offset"] = torch.zeros_like(kw["offset"], requires_grad=True)
+    customops.deform_conv2d(**kw).sum().backward()
+    expected = _right_hand_offset_gradient({**kw, "offset": kw["offset"].detach()})
+    torch.testing.assert_close(kw["offset"].grad, expected, atol=1e-5, rtol=1e-5)
+    on_border_line = kw["offset"].grad[0, 0::2, 0]  # dy of every tap of the first output row
+    assert on_border_line[:3].abs().sum() > 0  # the taps of kernel row 0 sit on y = -1
+    if tvops is not None:
+        o = torch.zeros_like(kw["offset"], requires_grad=True)
+        tvops.deform_conv2d(kw["input"], o, kw["weight"], kw["bias"], 1, 1, 1, kw["mask"]).sum().backward()
+        torch.testing.assert_close(kw["offset"].grad, o.grad, atol=1e-12, rtol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_several_column_chunks_and_layouts(dtype):
     # 64 channels x 9 taps x 4 bytes per pixel: a 72x72 image needs two 8 MB column chunks.

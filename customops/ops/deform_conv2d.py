@@ -83,8 +83,13 @@ def deform_conv2d(
     Autograd: gradients w.r.t. ``input``, ``offset``, ``weight``, ``bias`` and ``mask``
     (only those required are computed), by ``customops::deform_conv2d_backward``, which
     recomputes the sampled columns from the saved inputs. The derivative in the offsets is
-    that of the bilinear formula, one-sided at integer sampling positions (as torchvision's).
+    that of the bilinear formula, right-hand at integer sampling positions, the border lines
+    y = -1 and x = -1 included (as torchvision's).
     Double backward is not implemented (it raises a RuntimeError saying so).
+
+    Autocast: under ``torch.autocast`` it casts its floating inputs (not float64) to the
+    autocast dtype, as ``F.conv2d`` does, so offsets predicted by an autocast conv2d (16-bit)
+    go with a float32 input there; outside autocast, mixed dtypes raise.
     """
     if not torch.jit.is_scripting():  # scripted, the signature's types are checked already
         _check_types(input, offset, weight, bias, mask, stride, padding, dilation)

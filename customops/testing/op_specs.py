@@ -412,10 +412,11 @@ def deform_conv2d_reference(input, offset, weight, bias=None, stride=1, padding=
     ly, lx = y - y0, x - x0
     per_offset_group, points = C // offset_groups, taps * H_out * W_out
     planes = input.reshape(B, offset_groups, per_offset_group, H * W)
-    # A point on or past the border line y = -1, y = H, x = -1, x = W samples 0 with no
-    # derivative (the kernels' and torchvision's rule): its one neighbour inside has weight 0
-    # but a moving one, which bfloat16 offsets hit exactly.
-    point_inside = (y > -1) & (y < H) & (x > -1) & (x < W)
+    # A point past the border line y = -1 or x = -1, or on or past y = H or x = W, samples 0
+    # with no derivative. On y = -1 (x = -1) it samples 0 too, but its neighbour inside moves
+    # in: the right-hand derivative, the kernels' and torchvision's rule (zero offsets with
+    # padding put taps there; bfloat16 offsets hit the line exactly).
+    point_inside = (y >= -1) & (y < H) & (x >= -1) & (x < W)
     sampled = 0
     for yy, xx, w in (
         (y0, x0, (1 - ly) * (1 - lx)),

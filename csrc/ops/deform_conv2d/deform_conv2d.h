@@ -13,8 +13,10 @@
 // bilinear() reads the four pixels around (y, x), each taken as 0 outside the image, with
 // the weights (1 - ly)(1 - lx), (1 - ly) lx, ly (1 - lx), ly lx (ly = y - floor(y),
 // lx = x - floor(x)); a point with y <= -1, y >= height, x <= -1 or x >= width samples 0.
-// Its derivatives in y and x are those of this formula (one-sided at integer positions,
-// where the right-hand neighbours' weights are the ones that move).
+// Its derivatives in y and x are those of this formula, right-hand at integer positions
+// (the weights of the neighbours below and to the right are the ones that move), the border
+// lines y = -1 and x = -1 included, as torchvision's: zero offsets with padding put taps
+// exactly there, and their offsets get the gradient that moves them into the image.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -210,14 +212,14 @@ struct BilinearTap {
   int64_t idx[4];
   T w[4];
   T ly, lx;
-  bool inside;  // some pixel is read: -1 < y < height and -1 < x < width
+  bool inside;  // -1 <= y < height and -1 <= x < width (on y = -1 or x = -1 a pixel of weight 0 is read)
 };
 
 template <typename T>
 C10_HOST_DEVICE inline BilinearTap<T> bilinear_tap(T y, T x, int64_t height, int64_t width) {
   BilinearTap<T> t;
   // Written so that NaN lands outside; checked before the floor, so no huge value overflows int64.
-  t.inside = y > T(-1) && y < static_cast<T>(height) && x > T(-1) && x < static_cast<T>(width);
+  t.inside = y >= T(-1) && y < static_cast<T>(height) && x >= T(-1) && x < static_cast<T>(width);
   if (!t.inside) {
     for (int k = 0; k < 4; ++k) {
       t.idx[k] = -1;
