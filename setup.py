@@ -160,6 +160,12 @@ def _extension():
     )
     cuda_sources = sorted(glob.glob("csrc/ops/*/*_cuda.cu"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
+    # ATen's parallel_for is an inline template that runs its range on one thread unless the
+    # caller is compiled with OpenMP: the CPU kernels' parallel loops need -fopenmp. The library
+    # then needs libgomp.so.1, which resolves to the copy torch loaded (or ships in torch/lib,
+    # first on the library's RUNPATH): one OpenMP thread pool, torch's.
+    openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
+    cxx_flags += openmp
     include_dirs = [os.path.join(ROOT, "customops", "include"), os.path.join(BUILD_DIR, "generated")]
     info = {
         "customops": VERSION,
@@ -170,7 +176,7 @@ def _extension():
     }
     # py_limited_api keeps torch_python (and so libpython) off the link line.
     kwargs = dict(
-        name="customops.lib.libcustomops", py_limited_api=True, extra_link_args=["-Wl,-soname,libcustomops.so"]
+        name="customops.lib.libcustomops", py_limited_api=True, extra_link_args=["-Wl,-soname,libcustomops.so"] + openmp
     )
     if not WITH_CUDA:
         info["summary"] = "customops: building the CPU kernels only"

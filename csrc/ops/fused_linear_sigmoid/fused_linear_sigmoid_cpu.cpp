@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "../sigmoid/sigmoid.h"
 #include "fused_linear_sigmoid.h"
@@ -58,30 +59,33 @@ typedef int32_t Ints8 __attribute__((vector_size(32)));
 #define CUSTOMOPS_CPU_CLONES
 #endif
 
-// out[r, c] <- sigmoid(out[r, c] + bias[c]) over rows [r0, r1) of a contiguous (rows, cols)
-// matrix; bias may be null. A row's last cols % 8 elements go through the same vector code (a
-// padded copy), so every element gets the same rounding.
-CUSTOMOPS_CPU_CLONES void bias_sigmoid_rows(float* out, const float* bias, int64_t r0, int64_t r1, int64_t cols) {
-  for (int64_t r = r0; r < r1; ++r) {
-    float* row = out + r * cols;
-    int64_t c = 0;
-    for (; c + 8 <= cols; c += 8) {
-      Floats8 v, b = {};
-      std::memcpy(&v, row + c, sizeof(v));
-      if (bias != nullptr) std::memcpy(&b, bias + c, sizeof(b));
-      v += b;
-      sigmoid8(v);
-      std::memcpy(row + c, &v, sizeof(v));
-    }
-    if (c < cols) {
-      const size_t tail = static_cast<size_t>(cols - c) * sizeof(float);
-      Floats8 v = {}, b = {};
-      std::memcpy(&v, row + c, tail);
-      if (bias != nullptr) std::memcpy(&b, bias + c, tail);
-      v += b;
-      sigmoid8(v);
-      std::memcpy(row + c, &v, tail);
-    }
+// out[i] <- sigmoid(out[i] + bias[i % cols]) over the flat indices [e0, e1) of a contiguous
+// (rows, cols) matrix, in vectors that run across rows: a pass row by row paid a padded tail
+// per row, all of a row where cols < 8 (512 x 768 x 1: 21 us for 512 values, against 31 us for
+// the GEMM). bias_rep is null or the bias repeated to cols + 8 values, so that the lanes from
+// column c read bias_rep[c, c + 8) for any cols. The last (e1 - e0) % 8 values go through the
+// same vector code (a padded copy), so every value gets the same rounding.
+CUSTOMOPS_CPU_CLONES void bias_sigmoid(float* out, const float* bias_rep, int64_t e0, int64_t e1, int64_t cols) {
+  int64_t c = e0 % cols;
+  int64_t i = e0;
+  for (; i + 8 <= e1; i += 8) {
+    Floats8 v, b = {};
+    std::memcpy(&v, out + i, sizeof(v));
+    if (bias_rep != nullptr) std::memcpy(&b, bias_rep + c, sizeof(b));
+    v += b;
+    sigmoid8(v);
+    std::memcpy(out + i, &v, sizeof(v));
+    c += 8;
+    if (c >= cols) c %= cols;
+  }
+  if (i < e1) {
+    const size_t tail = static_cast<size_t>(e1 - i) * sizeof(float);
+    Floats8 v = {}, b = {};
+    std::memcpy(&v, out + i, tail);
+    if (bias_rep != nullptr) std::memcpy(&b, bias_rep + c, tail);
+    v += b;
+    sigmoid8(v);
+    std::memcpy(out + i, &v, tail);
   }
 }
 
@@ -90,12 +94,18 @@ void linear_sigmoid_cpu(
   if (x2d.scalar_type() != at::kFloat) return linear_sigmoid_aten(x2d, weight, bias, out2d);
   at::mm_out(out2d, x2d, weight.t());
   float* out = out2d.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->const_data_ptr<float>() : nullptr;
-  const int64_t rows = out2d.size(0), cols = out2d.size(1);
+  const int64_t cols = out2d.size(1);
+  std::vector<float> bias_rep;
+  if (bias.has_value()) {
+    const float* b = bias->const_data_ptr<float>();
+    bias_rep.resize(cols + 8);
+    for (int64_t j = 0; j < cols + 8; ++j) bias_rep[j] = b[j % cols];
+  }
+  const float* rep = bias_rep.empty() ? nullptr : bias_rep.data();
   // Threads only where each gets at least 32K elements (about 10 us): below that, waking the
   // pool costs more than the pass.
-  const int64_t grain_rows = std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain_rows, [&](int64_t r0, int64_t r1) { bias_sigmoid_rows(out, b, r0, r1, cols); });
+  at::parallel_for(
+      0, out2d.numel(), int64_t{1} << 15, [&](int64_t e0, int64_t e1) { bias_sigmoid(out, rep, e0, e1, cols); });
 }
 
 at::Tensor fused_linear_sigmoid_cpu(
