@@ -133,6 +133,7 @@ def main():
         ("float16 4 offset groups forward", Shape(8, 256, 64, 64, 256, 1, 4, F16, False), False),
         ("float16 forward + backward", Shape(8, 256, 64, 64, 256, 1, 1, F16, False), True),
         ("float16 channels_last forward + backward", Shape(8, 256, 64, 64, 256, 1, 1, F16, True), True),
+        ("bfloat16 forward + backward", Shape(8, 256, 64, 64, 256, 1, 1, BF16, False), True),
         ("depthwise float16 forward + backward", Shape(8, 256, 64, 64, 256, 256, 1, F16, False), True),
         ("depthwise float32 forward + backward", Shape(8, 256, 64, 64, 256, 256, 1, F32, False), True),
     ]:
