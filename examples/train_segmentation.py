@@ -84,7 +84,9 @@ def upsample2x(x):
     tensors are the slow ones (its CUDA kernel runs a thread per output pixel that loops over
     the batch and channels: on the H200, 3.4 of this network's 4.1 ms of kernels at a batch of
     256; on 2 CPU threads 11 to 16 ms against 2.1 to 2.3 at 256x48x12x12), and the CPU's results
-    are the same, bit for bit."""
+    are the same, bit for bit. CUDA takes its channels_last kernel only from 16 channels up
+    (the rule in torch's UpSampleBilinear2d.cu), so the network upsamples features, not its 11
+    logits."""
     return F.interpolate(
         x.contiguous(memory_format=torch.channels_last), scale_factor=2.0, mode="bilinear", align_corners=False
     )
@@ -92,9 +94,9 @@ def upsample2x(x):
 
 class SegNet(nn.Module):
     """Encoder-decoder: plain 3x3 convolutions down to 1/4 of the input's side, modulated
-    deformable 3x3 convolutions there, then up to 1/2 with a skip connection, where 1x1
-    convolutions classify each pixel, and (bilinear) up to the full side. Input (N, 1, H, W) with H and W
-    multiples of 4; output (N, classes, H, W) logits."""
+    deformable 3x3 convolutions there, then up to 1/2 with a skip connection and a 1x1
+    convolution, and (bilinear) up to the full side, where a 1x1 convolution classifies each
+    pixel. Input (N, 1, H, W) with H and W multiples of 4; output (N, classes, H, W) logits."""
 
     def __init__(self, classes: int = len(CLASSES), width: int = 32, deep: int = 48) -> None:
         super().__init__()
@@ -107,8 +109,11 @@ class SegNet(nn.Module):
     def forward(self, x):
         skip = self.stem(x)
         deep = self.deform(self.down(skip))
-        out = self.classify(self.up(torch.cat([upsample2x(deep), skip], 1)))
-        return upsample2x(out)
+        # The 1x1 classifier commutes with bilinear upsampling (its weights sum to 1 at every
+        # pixel): the same function as classifying at 1/2 and upsampling the logits. With 11
+        # logit channels CUDA upsampled through its NCHW kernel: 2.0 of the network's 2.8 ms of
+        # kernels at a batch of 256 on the H200 (benchmarks/profile_segmentation.py).
+        return self.classify(upsample2x(self.up(torch.cat([upsample2x(deep), skip], 1))))
 
 
 def train(model, x, y, epochs: int, show_progress: bool = True):
