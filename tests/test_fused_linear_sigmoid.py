@@ -35,7 +35,7 @@ def test_larger_shapes_hit_vector_and_tail_paths(device, dtype):
 
 
 @pytest.mark.parametrize("rows", [1, 5, 301])  # 301 x 257: two threads split the pass mid-row
-@pytest.mark.parametrize("out_features", [1, 7, 8, 9, 257])  # whole 8-float vectors and tails
+@pytest.mark.parametrize("out_features", [1, 15, 16, 17, 257])  # whole 16-float vectors and tails
 def test_cpu_float32_bias_sigmoid_pass_matches_aten(rows, out_features):
     # The CPU float32 forward runs its own bias + sigmoid pass (Cephes expf) after the GEMM; it
     # must agree with ATen's sigmoid to about an ulp, with and without a bias.
@@ -51,7 +51,7 @@ def test_cpu_float32_bias_sigmoid_pass_at_the_limits():
     # non-finite. Below -87.3 the pass gives 0 where the true value is under 1.2e-38.
     z = torch.tensor(
         [0.0, -0.0, 1e-8, -1e-8, 1, -1, 10, -10, 20, -20, 80, -80, 87, -87, 87.3, -87.3, 88, -88, 100, -100]
-        + [float("inf"), float("-inf"), float("nan"), 3.0]  # 24 values: three whole vectors
+        + [float("inf"), float("-inf"), float("nan"), 3.0]  # 2 rows of 24: three whole vectors across rows
     )
     out = op(torch.zeros(2, 8), torch.zeros(len(z), 8), z)
     expected = torch.sigmoid(z.double()).float().expand(2, -1)
