@@ -213,3 +213,24 @@ def test_modulated_module_trains_under_autocast(device, dtype, compiled):
         else:
             assert (p.grad - r.grad).norm() <= 2e-2 * r.grad.norm(), name
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device,dtype", CASES, ids=IDS)
+def test_scripted_module_under_autocast_casts_both_ops(device, dtype):
+    # The C++ autocast kernels apply to a TorchScript module run inside an autocast region (one
+    # opened inside scripted code is TorchScript's rewrite, for ATen's ops alone: the README says so).
+    class Both(torch.nn.Module):
+        def forward(self, x, w, inp, off, wd):
+            return customops.fused_linear_sigmoid(x, w), customops.deform_conv2d(inp, off, wd)
+
+    g = torch.Generator().manual_seed(0)
+    args = [
+        torch.randn(*s, generator=g).to(device) for s in ((9, 24), (10, 24), (2, 4, 7, 8), (2, 18, 5, 6), (6, 4, 3, 3))
+    ]
+    scripted = torch.jit.script(Both())
+    with torch.autocast(device, dtype=dtype):
+        outs = scripted(*args)
+    assert [o.dtype for o in outs] == [dtype, dtype]
+    cast = [a.to(dtype) for a in args]
+    torch.testing.assert_close(outs[0], customops.fused_linear_sigmoid(*cast[:2]), atol=0, rtol=0)
+    torch.testing.assert_close(outs[1], customops.deform_conv2d(*cast[2:]), atol=0, rtol=0)

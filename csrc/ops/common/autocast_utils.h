@@ -1,6 +1,7 @@
 // Autocast kernels with ATen's own policies, registered in C++ (not with
 // torch.library.register_autocast, which casts to one fixed dtype) so that they also apply in
-// TorchScript and C++ programs.
+// C++ programs and to TorchScript modules run under autocast. An autocast region opened inside
+// scripted code does not reach them: TorchScript rewrites such a region for ATen's ops alone.
 //
 //   constexpr char kName[] = "customops::op";
 //   m.impl("op", &autocast::LowerPrecisionFp<kName, Signature, c10::DeviceType::CUDA>::call);
