@@ -32,7 +32,7 @@ typedef int32_t Ints16 __attribute__((vector_size(64)));
 // e / (1 + e) below. exp is Cephes' expf (Cody-Waite reduction, degree-5 polynomial, about
 // 1 ulp). Below exp's normal range (|z| > 87.3) e is 0, so sigmoid(z) is 0 for z < -87.3 (true
 // value below 1.2e-38) and 1 above 87.3; NaN stays NaN, +-inf give 1 and 0.
-// In place (vectors by reference: a 32-byte vector argument would be ABI-dependent).
+// In place (vectors by reference: a 64-byte vector argument would be ABI-dependent).
 [[gnu::always_inline]] inline void sigmoid16(Floats16& z) {
   const Floats16 zero = {};
   const Floats16 t = z < zero ? z : -z;  // -|z|; NaN stays NaN
@@ -99,8 +99,9 @@ void linear_sigmoid_cpu(
   std::vector<float> bias_rep;
   if (bias.has_value()) {
     const float* b = bias->const_data_ptr<float>();
+    bias_rep.assign(b, b + cols);
     bias_rep.resize(cols + 16);
-    for (int64_t j = 0; j < cols + 16; ++j) bias_rep[j] = b[j % cols];
+    for (int64_t j = cols; j < cols + 16; ++j) bias_rep[j] = bias_rep[j - cols];  // no division per value
   }
   const float* rep = bias_rep.empty() ? nullptr : bias_rep.data();
   // Threads only where each gets at least 32K elements (about 10 us): below that, waking the
