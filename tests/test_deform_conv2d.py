@@ -345,9 +345,12 @@ def test_backward_outputs_own_their_memory(name, dtype, device):
         assert g.untyped_storage().nbytes() == g.numel() * g.element_size()
 
 
-def test_backward_is_the_same_for_any_number_of_threads():
-    kw = _inputs(B=1, C=16, H=20, W=20, C_out=8, groups=1, og=2, dtype=torch.float32)
-    grad_out = torch.randn(1, 8, 20, 20)
+# One image: col2im over channels. Three small images in one chunk: on 1 thread an image per
+# task (grads_by_image), on 2 threads col2im over channels, image by image.
+@pytest.mark.parametrize("B, H", [(1, 20), (3, 10)])
+def test_backward_is_the_same_for_any_number_of_threads(B, H):
+    kw = _inputs(B=B, C=16, H=H, W=H, C_out=8, groups=1, og=2, dtype=torch.float32)
+    grad_out = torch.randn(B, 8, H, H)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -358,6 +361,23 @@ def test_backward_is_the_same_for_any_number_of_threads():
         torch.set_num_threads(threads)
     for i in (0, 1, 4):  # input (col2im: each thread owns its channels), offset and mask
         torch.testing.assert_close(one[i], two[i], atol=0, rtol=0)
+
+
+def test_backward_of_many_small_images_matches_image_by_image():
+    # Two chunks of small images (145 + 5 of 100 pixels at 16 x 9 columns), each an image per
+    # task (grads_by_image), against each image's backward alone (col2im over channels): the same
+    # additions in the same order for each image's input, offset and mask gradients.
+    kw = _inputs(B=150, C=16, H=10, W=10, C_out=8, groups=1, og=2, dtype=torch.float32)
+    grad_out = torch.randn(150, 8, 10, 10, generator=torch.Generator().manual_seed(1))
+    whole = _backward(kw, grad_out, [True] * 5)
+    parts = [
+        _backward({k: (v[b : b + 1] if k in ("input", "offset", "mask") else v) for k, v in kw.items()},
+                  grad_out[b : b + 1], [True] * 5)
+        for b in range(150)
+    ]  # fmt: skip
+    for i in (0, 1, 4):
+        torch.testing.assert_close(whole[i], torch.cat([p[i] for p in parts]), atol=0, rtol=0)
+    torch.testing.assert_close(whole[2], sum(p[2] for p in parts), atol=1e-4, rtol=1e-4)
 
 
 def test_double_backward_raises():
