@@ -1,6 +1,7 @@
 // add, CUDA kernel: same checks and output contract as add_cpu.cpp, computed by
 // the shared vectorized elementwise loop on the current stream.
 #include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "../common/checks.h"

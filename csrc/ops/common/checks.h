@@ -4,7 +4,7 @@
 // (customops/testing/op_specs.py, the conformance path "errors") check both.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 

@@ -2,7 +2,8 @@
 // 64-bit-indexed elementwise loop.
 #pragma once
 
-#include <ATen/ATen.h>
+// Not <ATen/ATen.h>: nvcc parses the headers once per architecture (docs/adding_an_op.md).
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>

@@ -19,7 +19,7 @@
 // exactly there, and their offsets get the gradient that moves them into the image.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 
 #include <algorithm>

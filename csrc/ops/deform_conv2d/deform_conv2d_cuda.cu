@@ -31,12 +31,16 @@
 // Every launch is on the current stream, after the checks and a device guard, with 64-bit
 // indices, and is followed by CUSTOMOPS_CUDA_LAUNCH_CHECK; empty work launches nothing.
 #include <ATen/OpMathType.h>
+#include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/addmm_cuda_dispatch.h>
 #include <ATen/ops/baddbmm_cuda_dispatch.h>
 #include <ATen/ops/bmm_cuda_dispatch.h>
 #include <ATen/ops/mm_cuda_dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/sum_cuda_dispatch.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

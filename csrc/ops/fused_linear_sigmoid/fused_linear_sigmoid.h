@@ -4,7 +4,7 @@
 // GEMMs go through ATen (MKL/oneDNN on CPU, cuBLAS on the current stream).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 
 #include <array>

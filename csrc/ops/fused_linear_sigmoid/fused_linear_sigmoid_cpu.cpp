@@ -7,6 +7,7 @@
 // output (docs/design.md, "CPU forward"). The pass is compiled for AVX-512, AVX2 and baseline
 // x86-64, picked at load time (GCC's target_clones): this library is built once with generic
 // flags for any x86-64 CPU. Other dtypes: ATen's addmm + sigmoid_ (linear_sigmoid_aten).
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 

@@ -16,6 +16,10 @@
 // Backward: the two GEMMs go through cuBLAS; sigmoid'(z) and the bias gradient
 // (a column sum) come from one pass over grad_out and y.
 #include <ATen/Dispatch.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include "../common/cuda_utils.cuh"

@@ -3,7 +3,7 @@
 // supports; `*_supported` never throws, `*_forward` assumes it returned true.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>

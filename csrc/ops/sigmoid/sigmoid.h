@@ -2,7 +2,7 @@
 // so its kernels are callable from C++.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 namespace customops {
 

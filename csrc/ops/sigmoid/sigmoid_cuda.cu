@@ -1,5 +1,6 @@
 // sigmoid and sigmoid_backward, CUDA kernels (the shared vectorized loop).
 #include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "../common/checks.h"

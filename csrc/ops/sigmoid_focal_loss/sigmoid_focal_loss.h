@@ -25,7 +25,7 @@
 // 0 < gamma < 1: it forms m^(g - 1) = inf and returns NaN; we return the limit.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
 #include <c10/util/string_view.h>
 

@@ -12,6 +12,7 @@
 // with 64-bit offsets, and is followed by CUSTOMOPS_CUDA_LAUNCH_CHECK; empty inputs
 // launch nothing.
 #include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <array>

@@ -20,7 +20,8 @@
 //
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/cuda/CUDAContext.h>
 
 #include <cute/tensor.hpp>
