@@ -21,7 +21,7 @@ fi
 export CUSTOMOPS_WITH_CUDA
 if [ "$CUSTOMOPS_WITH_CUDA" = 1 ]; then
   TORCH_SPEC=${TORCH_SPEC:-torch==2.14.1}
-  what="CUDA torch ($TORCH_SPEC, about 5.5 GB) and the CPU and CUDA kernels (about 16 minutes on 2 cores the first time, seconds when nothing changed)"
+  what="CUDA torch ($TORCH_SPEC, about 5.5 GB) and the CPU and CUDA kernels (about 11 minutes on 2 cores the first time, torch included; seconds when nothing changed)"
 else
   TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
   what="CPU torch ($TORCH_SPEC) and the CPU kernels (about 5 minutes on 2 cores the first time, seconds when nothing changed)"
