@@ -345,11 +345,11 @@ def test_backward_outputs_own_their_memory(name, dtype, device):
         assert g.untyped_storage().nbytes() == g.numel() * g.element_size()
 
 
-# One image: col2im over channels. Three small images in one chunk: on 1 thread an image per
-# task (grads_by_image), on 2 threads col2im over channels, image by image.
+# One image: col2im over blocks of 16 channels (40: two threads). Three small images in one
+# chunk: on 1 thread an image per task (grads_by_image), on 2 threads col2im, image by image.
 @pytest.mark.parametrize("B, H", [(1, 20), (3, 10)])
 def test_backward_is_the_same_for_any_number_of_threads(B, H):
-    kw = _inputs(B=B, C=16, H=H, W=H, C_out=8, groups=1, og=2, dtype=torch.float32)
+    kw = _inputs(B=B, C=40, H=H, W=H, C_out=8, groups=1, og=2, dtype=torch.float32)
     grad_out = torch.randn(B, 8, H, H)
     threads = torch.get_num_threads()
     try:

@@ -456,11 +456,16 @@ void depthwise(const Image<T>& im, const T* wt, T* out) {
   });
 }
 
+// Parallel over blocks of a cache line's worth of channels: threads that owned channels of one
+// line each wrote it at every sampling point, and the line moved between their cores at every
+// write (2 threads, grad_input of 1x16x128x128 -> 16: 7.7 -> 5.2 ms; docs/deform_conv2d.md).
 template <typename T>
 void col2im(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, T* gx) {
-  const int64_t per_channel = std::max<int64_t>(1, rows * im.g.taps());
-  const int64_t grain = std::max<int64_t>(1, 8192 / per_channel);
-  at::parallel_for(0, im.g.in_channels, grain, [&](int64_t c0, int64_t c1) {
+  const int64_t C = im.g.in_channels, line = 64 / sizeof(T), blocks = (C + line - 1) / line;
+  const int64_t per_block = std::max<int64_t>(1, rows * im.g.taps() * std::min(C, line));
+  const int64_t grain = std::max<int64_t>(1, 8192 / per_block);
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t c0 = b0 * line, c1 = std::min(C, b1 * line);
 #if CUSTOMOPS_DC_AVX2
     if (cpu_has_avx2()) return col2im_avx2(im, p0, rows, gcol, c0, c1, gx);
 #endif
