@@ -15,10 +15,16 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
 Paths that an environment variable selects, read per call, need one build and one process:
-``interleave ROUNDS [--depthwise] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by shape, the
-default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order that rotates,
-so that every variant sees the same machine state. ``--depthwise`` times depthwise layers of
-several networks' sizes instead of the grid. ``report FILE A B`` compares any two labels.
+``interleave ROUNDS [--depthwise | --narrow] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by
+shape, the default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order
+that rotates, so that every variant sees the same machine state. ``--depthwise`` times depthwise
+layers of several networks' sizes instead of the grid; ``--narrow`` the forwards of layers with
+few output channels per group (fwd+bwd columns read nan). ``report FILE A B`` compares any two
+labels.
+
+    python benchmarks/ab_deform_conv2d.py interleave 2 --narrow \
+        columns=CUSTOMOPS_TEST_DEFORM_FORWARD=columns direct=CUSTOMOPS_TEST_DEFORM_FORWARD=direct > narrow.txt
+    python benchmarks/ab_deform_conv2d.py report narrow.txt columns direct
 
     python benchmarks/ab_deform_conv2d.py interleave 3 \
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
@@ -83,6 +89,26 @@ def depthwise_shapes():
     return out
 
 
+def narrow_shapes():
+    """Forward only: layers of few output channels per group, where the direct forward competes
+    with the columns and a GEMM. Widths 8 to 192 per group, in four settings: the main job's
+    (many small images), large images, a single image, and 4 groups; every dtype."""
+    import torch
+
+    from bench_deform_conv2d import TF32, Shape
+
+    out = []
+    for dtype in (torch.float32, TF32, torch.float16, torch.bfloat16):
+        for n in (8, 16, 32, 48, 64, 96, 128, 192):
+            out += [
+                Shape(256, 48, 12, 12, n, 1, 1, dtype, False, note="small images"),
+                Shape(8, 64, 64, 64, n, 1, 1, dtype, False, note="large images"),
+                Shape(1, 128, 32, 32, n, 1, 1, dtype, False, note="one image"),
+                Shape(8, 256, 32, 32, 4 * n, 4, 1, dtype, False, note="4 groups"),
+            ]
+    return out
+
+
 def run(label, only=None):
     pick = shapes
     if only == "--depthwise":
@@ -102,9 +128,11 @@ def run(label, only=None):
 
 
 def interleave(rounds, settings):
-    pick = shapes
+    pick, backward = shapes, True
     if settings and settings[0] == "--depthwise":
         pick, settings = depthwise_shapes, settings[1:]
+    elif settings and settings[0] == "--narrow":
+        pick, settings, backward = narrow_shapes, settings[1:], False
     variants = {"old": {}}
     for arg in settings:
         label, _, pairs = arg.partition("=")
@@ -117,10 +145,10 @@ def interleave(rounds, settings):
                 for k in (k for v in variants.values() for k in v):
                     os.environ.pop(k, None)
                 os.environ.update(variants[label])
-                measure(label, s)
+                measure(label, s, backward)
 
 
-def measure(label, s):
+def measure(label, s, backward=True):
     import torch
 
     import customops
@@ -130,7 +158,7 @@ def measure(label, s):
     geometry = ((s.stride,) * 2, (s.pad,) * 2, (s.dil,) * 2)
     torch.backends.cuda.matmul.allow_tf32 = s.dtype == TF32
     times, mem = [], []
-    for rg in (False, True):
+    for rg in (False, True) if backward else (False,):
         i = make_inputs(s, "cuda", rg)
 
         def call(i=i):
@@ -146,6 +174,7 @@ def measure(label, s):
             fn()
             torch.cuda.synchronize()
             mem.append((torch.cuda.max_memory_allocated() - base) / 2**20)
+    times, mem = times + [float("nan")] * (2 - len(times)), mem + [float("nan")] * (2 - len(mem))
     print(f"{label}\t{s.name()}\t{s.dtype}\t{times[0]:.1f}\t{times[1]:.1f}\t{mem[0]:.0f}\t{mem[1]:.0f}", flush=True)
 
 

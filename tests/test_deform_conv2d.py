@@ -564,9 +564,12 @@ CUDA_TOL = {torch.float64: (1e-12, 1e-11), torch.float32: (1e-5, 1e-4), torch.fl
 
 
 @needs_cuda
+@pytest.mark.parametrize("forward", ["columns", "direct"])
 @pytest.mark.parametrize("dtype", list(CUDA_TOL))
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_cuda_matches_cpu(name, dtype):
+def test_cuda_matches_cpu(name, dtype, forward, monkeypatch):
+    # Both forwards of layers that are not depthwise (CUSTOMOPS_TEST_DEFORM_FORWARD forces either).
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", forward)
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
 
@@ -593,7 +596,8 @@ CUDA_CHUNK_CONFIGS = {
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", list(CUDA_CHUNK_CONFIGS))
-def test_cuda_chunks_match_cpu(name, dtype):
+def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
     _cuda_vs_cpu(_inputs(**CUDA_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
@@ -662,6 +666,62 @@ def test_cuda_depthwise_direct_failed_launch_is_a_runtime_error_naming_it(monkey
     assert_launch_fails("deform_conv2d_depthwise_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
 
 
+# The direct forward (deform_conv2d_direct_kernel), forced, at the edges of its tiling: 2, 4, 6 and
+# 8 output channels per thread (a group of 2, 24, 48 and 100 outputs: two blocks of 64 with a
+# short last one), slices of 32 channels and a shorter last (80 per group), offset groups of 20
+# channels in 40-channel groups (stages end at offset groups), 3 channels per group across
+# 2-channel offset groups (one channel per load), blocks of 128 pixels across images, stride,
+# dilation, no mask and no bias, 5x5 taps.
+DIRECT_CONFIGS = {
+    "two_per_thread": dict(B=3, C=8, H=9, W=10, C_out=2, groups=1, og=1),
+    "four_per_thread_groups": dict(B=2, C=32, H=11, W=13, C_out=48, groups=2, og=1),
+    "six_per_thread": dict(B=5, C=48, H=12, W=12, C_out=48, groups=1, og=1),
+    "two_blocks_of_channels": dict(B=2, C=16, H=7, W=9, C_out=100, groups=1, og=2),
+    "slices": dict(B=2, C=160, H=6, W=7, C_out=16, groups=2, og=1),
+    "offset_groups_in_a_group": dict(B=2, C=80, H=8, W=8, C_out=16, groups=2, og=4),
+    "odd_channels": dict(B=2, C=6, H=7, W=8, C_out=4, groups=2, og=3),
+    "stride_dilation_5x5_plain": dict(
+        B=2,
+        C=16,
+        H=13,
+        W=11,
+        C_out=8,
+        groups=1,
+        og=2,
+        k=(5, 5),
+        stride=(2, 1),
+        dil=(1, 2),
+        pad=(2, 3),
+        mask=False,
+        bias=False,
+    ),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", list(CUDA_TOL))
+@pytest.mark.parametrize("name", list(DIRECT_CONFIGS))
+def test_cuda_direct_forward_matches_cpu(name, dtype, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "direct")
+    kw = _inputs(**DIRECT_CONFIGS[name], scale=1.5)
+    _cuda_vs_cpu(kw, dtype, *CUDA_TOL[dtype])
+    gpu = {k: (v.to(device="cuda", dtype=dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    out = _ran_kernel("deform_conv2d_direct_kernel", customops.deform_conv2d, gpu)
+    # The kernel writes either layout from the same sums.
+    out_cl = customops.deform_conv2d(**dict(gpu, input=gpu["input"].to(memory_format=torch.channels_last)))
+    assert out_cl.is_contiguous(memory_format=torch.channels_last) or out_cl.shape[2:] == (1, 1)
+    torch.testing.assert_close(out_cl, out, atol=0, rtol=0)
+
+
+@needs_cuda
+def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
+    from customops.testing.paths import assert_launch_fails
+
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "direct")  # inherited by the subprocess
+    setup = "x, off, w = (torch.randn(*s, device='cuda') for s in ((1, 8, 5, 5), (1, 18, 5, 5), (4, 8, 3, 3)))"
+    assert_launch_fails("deform_conv2d_direct_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
+
+
 def _ran_kernel(kernel, fn, kwargs):
     """fn(**kwargs) under torch.profiler; asserts that a CUDA kernel whose name contains
     ``kernel`` ran, and returns fn's result."""
@@ -703,7 +763,9 @@ def test_cuda_depthwise_with_a_weight_at_any_offset(direct, monkeypatch):
 
 
 @needs_cuda
-def test_cuda_channels_last_and_strided_inputs_give_the_same_result():
+@pytest.mark.parametrize("forward", ["columns", "direct"])
+def test_cuda_channels_last_and_strided_inputs_give_the_same_result(forward, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", forward)
     kw = {k: (v.cuda().float() if isinstance(v, torch.Tensor) else v) for k, v in _inputs(B=2, C=16, H=12, W=10,
           C_out=8, groups=1, og=2).items()}  # fmt: skip
     out = customops.deform_conv2d(**kw)
@@ -712,7 +774,7 @@ def test_cuda_channels_last_and_strided_inputs_give_the_same_result():
     res = customops.deform_conv2d(**strided)
     assert res.is_contiguous()
     torch.testing.assert_close(res, out, atol=0, rtol=0)
-    res = customops.deform_conv2d(**cl)  # another GEMM: rows-major, straight into the output
+    res = customops.deform_conv2d(**cl)  # columns: another GEMM, rows-major, straight into the output
     assert res.is_contiguous(memory_format=torch.channels_last) and not res.is_contiguous()
     torch.testing.assert_close(res, out, atol=1e-5, rtol=1e-5)
 
@@ -730,7 +792,9 @@ def test_cuda_matches_torchvision_at_a_network_size(dtype):
 
 
 @needs_cuda
-def test_cuda_64_bit_indexing():
+@pytest.mark.parametrize("forward", ["columns", "direct"])
+def test_cuda_64_bit_indexing(forward, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", forward)
     # input.numel() > 2**31 (fp16, 4.4 GB): the last channels' samples sit past int32 offsets.
     # The output is linear in the channels, so it equals the sum of the two halves' outputs,
     # each under 2**31 elements; so are the gradients of each half's input.

@@ -19,6 +19,8 @@
 //     Depthwise (one
 //     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
 //     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
+//     Few output channels per group: deform_conv2d_direct_kernel, an implicit GEMM on CUDA
+//     cores, computes the output with no columns, where direct_forward takes it.
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -729,6 +731,155 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
   }
 }
 
+// Narrow groups: the forward as an implicit GEMM on CUDA cores, with no columns, no GEMM call
+// and no transposes. A block takes kDirectPixels output pixels of the launch's images (flattened
+// image * P + pixel) and 8 * RN output channels of one group. Per stage, a tap and a slice of at
+// most kc channels of one offset group: the pixels' sampling points (shared memory, computed once
+// per tap and offset group), their blended samples in opmath (kc x kDirectPixels, adjacent threads
+// on adjacent 16-byte runs of one pixel's channels), and the weight's slice beside them; then each
+// thread adds the products of 4 pixels and RN output channels in registers. Where a group's output
+// channels are few, the columns' round trip through memory and cuBLAS's narrow tiles cost more
+// than the arithmetic (direct_forward_wins says where).
+constexpr int kDirectPixels = 128;
+constexpr int kDirectSlots = 8;  // warps: output-channel slots of RN channels each
+constexpr int kDirectThreads = 32 * kDirectSlots;
+
+template <typename A>
+constexpr int direct_slice() {  // channels per stage: 16.5 KB of samples in float32 and float64
+  return sizeof(A) == 8 ? 16 : 32;
+}
+
+template <typename A>
+struct DirectPoint {
+  int64_t src[4];  // element offsets in xs of the corners' channel 0 (-1: none)
+  A w[4];          // the corners' weights, the mask folded in
+};
+
+struct DirectLayout {
+  DeformConv2dGeometry g;
+  int64_t b0;       // the launch's first image
+  uint32_t pixels;  // output pixels of the launch's images (below 2^31)
+  int tiles_n;      // blocks per group along its output channels: grid.y = groups * tiles_n
+  Divider P, out_w, kw;
+  bool nhwc;  // a channels_last output
+};
+
+template <typename T, int RN, int V>
+__global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
+    const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, const T* __restrict__ w,
+    const T* __restrict__ bias, DirectLayout L, T* __restrict__ out) {
+  using A = at::opmath_type<T>;
+  constexpr int KC = direct_slice<A>(), TP = kDirectPixels, TN = kDirectSlots * RN;
+  __shared__ DirectPoint<A> pts[TP];
+  __shared__ A smp[KC][TP + 1];  // samples, channel-major: rows of an odd number of words
+  __shared__ __align__(16) A wsm[KC][TN];
+  const DeformConv2dGeometry& g = L.g;
+  const int64_t C = g.in_channels, Cg = g.in_per_group(), Cog = g.in_per_offset_group(), Ng = g.out_per_group();
+  const int64_t taps = g.taps(), P = g.out_pixels(), plane = g.height * g.width;
+  const int gi = static_cast<int>(blockIdx.y) / L.tiles_n;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y % L.tiles_n) * TN;
+  const uint32_t t0 = blockIdx.x * static_cast<uint32_t>(TP);
+  const int px = threadIdx.x % 32, slot = threadIdx.x / 32;
+  const T* wg = w + gi * Ng * taps * Cg;  // the group's weight, (Ng, taps, Cg)
+  A acc[4][RN];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+#pragma unroll
+    for (int j = 0; j < RN; ++j) acc[q][j] = 0;
+  }
+  int64_t point_og = -1;
+  for (int64_t k = 0; k < taps; ++k) {
+    point_og = -1;
+    for (int64_t c0 = 0; c0 < Cg;) {
+      const int64_t cin = gi * Cg + c0, og = cin / Cog;
+      const int kc = static_cast<int>(std::min<int64_t>({KC, Cg - c0, (og + 1) * Cog - cin}));
+      __syncthreads();  // the previous stage's shared memory is read
+      if (og != point_og) {
+        point_og = og;
+        if (threadIdx.x < TP) {
+          const uint32_t t = t0 + threadIdx.x;
+          DirectPoint<A> pt;
+          if (t < L.pixels) {
+            const auto bp = L.P.divmod(t);
+            const int64_t b = L.b0 + bp.div;
+            const auto yx = L.out_w.divmod(bp.mod), ij = L.kw.divmod(static_cast<uint32_t>(k));
+            A m;
+            const BilinearTap<A> tap = sample_at<T, A>(
+                g, off + b * g.offset_groups * taps * 2 * P, msk ? msk + b * g.offset_groups * taps * P : nullptr,
+                yx.div, yx.mod, bp.mod, ij.div, ij.mod, og * taps + k, &m);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              pt.src[q] = tap.idx[q] < 0 ? -1 : (b * plane + tap.idx[q]) * C;
+              pt.w[q] = tap.w[q] * m;
+            }
+          } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              pt.src[q] = -1;
+              pt.w[q] = 0;
+            }
+          }
+          pts[threadIdx.x] = pt;
+        }
+        __syncthreads();
+      }
+      const int vecs = kc / V;
+      for (int e = threadIdx.x; e < TP * vecs; e += kDirectThreads) {
+        const int i = e / vecs, cv = (e - i * vecs) * V;
+        const DirectPoint<A>& pt = pts[i];
+        A s[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[j] = 0;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (pt.src[q] >= 0) {
+            A val[V];
+            load_vec<T, A, V>(xs + pt.src[q] + cin + cv, val);
+#pragma unroll
+            for (int j = 0; j < V; ++j) s[j] += pt.w[q] * val[j];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < V; ++j) smp[cv + j][i] = s[j];
+      }
+      for (int e = threadIdx.x; e < TN * kc; e += kDirectThreads) {
+        const int n = e / kc, c = e - n * kc;
+        wsm[c][n] = n0 + n < Ng ? static_cast<A>(wg[((n0 + n) * taps + k) * Cg + c0 + c]) : A(0);
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int c = 0; c < kc; ++c) {
+        A a[4], b[RN];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[q] = smp[c][px + 32 * q];
+#pragma unroll
+        for (int j = 0; j < RN; ++j) b[j] = wsm[c][slot * RN + j];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int j = 0; j < RN; ++j) acc[q][j] += a[q] * b[j];
+        }
+      }
+      c0 += kc;
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t t = t0 + px + 32 * q;
+    if (t >= L.pixels) continue;
+    const auto bp = L.P.divmod(t);
+    const int64_t b = L.b0 + bp.div, p = bp.mod;
+#pragma unroll
+    for (int j = 0; j < RN; ++j) {
+      const int64_t n = n0 + slot * RN + j;
+      if (n >= Ng) break;
+      const int64_t co = gi * Ng + n;
+      const A v = acc[q][j] + (bias ? static_cast<A>(bias[co]) : A(0));
+      out[L.nhwc ? (b * P + p) * g.out_channels + co : (b * g.out_channels + co) * P + p] = static_cast<T>(v);
+    }
+  }
+}
+
 // Launches kernel (named name in errors and in the failed-launch test hook) over total work
 // items on the current stream; none for no work.
 #define DEFORM_CONV2D_LAUNCH(name, kernel, total, ...)                                                             \
@@ -1264,6 +1415,86 @@ bool launch_depthwise_tiled(
   return true;
 }
 
+// Test hook: CUSTOMOPS_TEST_DEFORM_FORWARD=direct or =columns, read per call, forces the forward
+// of a layer that is not depthwise to deform_conv2d_direct_kernel or to the columns and GEMMs,
+// so that tests and benchmarks/ab_deform_conv2d.py reach either at any shape; 0 where unset.
+int forward_override() {
+  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_FORWARD");
+  if (v == nullptr) return 0;
+  if (std::strcmp(v, "direct") == 0) return 1;
+  return std::strcmp(v, "columns") == 0 ? -1 : 0;
+}
+
+// Output channels per thread of the direct kernel: the fewest blocks along a group's output
+// channels (each block blends the samples again), then the least padding of the last one.
+int direct_channels_per_thread(int64_t out_per_group) {
+  const int64_t tiles = ceil_div(out_per_group, kDirectSlots * 8);
+  for (int rn : {2, 4, 6, 8}) {
+    if (tiles * kDirectSlots * rn >= out_per_group) return rn;
+  }
+  return 8;
+}
+
+// Whether the direct kernel's grid holds the layer: grid.y = groups * blocks per group, and
+// launches of whole images below 2^31 pixels.
+bool direct_fits(const DeformConv2dGeometry& g) {
+  const int64_t tiles = ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
+  return g.groups * tiles <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2;
+}
+
+// Where the direct forward is taken (layers that are not depthwise): only where forced, until
+// benchmarks/ab_deform_conv2d.py --narrow on a GPU says where it beats the columns.
+bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType) {
+  return forward_override() > 0 && direct_fits(g);
+}
+
+// The direct forward over all images (direct_fits), in launches of fewer than 2^31 output pixels.
+template <typename T>
+void launch_direct(
+    const DeformConv2dGeometry& g, const CudaOperands& o, const at::Tensor& xs, const at::Tensor& b, at::Tensor& out) {
+  static_assert(kDirectThreads == cuda::kThreads, "the failed-launch hook's block size");
+  const int64_t P = g.out_pixels();
+  const int rn = direct_channels_per_thread(g.out_per_group());
+  DirectLayout L;
+  L.g = g;
+  L.tiles_n = static_cast<int>(ceil_div(g.out_per_group(), kDirectSlots * rn));
+  L.P = Divider(static_cast<uint32_t>(P));
+  L.out_w = Divider(static_cast<uint32_t>(g.out_w));
+  L.kw = Divider(static_cast<uint32_t>(g.kw));
+  L.nhwc = channels_last_output(out);
+  // 16-byte loads where every stage's channels allow (float64: one channel per load).
+  constexpr int kVec = sizeof(T) == 8 ? 1 : 16 / static_cast<int>(sizeof(T));
+  const bool vec =
+      std::gcd(g.in_per_group(), g.in_per_offset_group()) % kVec == 0 && cuda::is_aligned(xs.const_data_ptr<T>(), 16);
+  const int64_t per_launch = std::max<int64_t>(1, (std::numeric_limits<int32_t>::max() - kDirectPixels) / P);
+  const auto launch = [&](auto kernel) {
+    for (int64_t b0 = 0; b0 < g.batch; b0 += per_launch) {
+      L.b0 = b0;
+      L.pixels = static_cast<uint32_t>(std::min(per_launch, g.batch - b0) * P);
+      const dim3 grid(
+          static_cast<unsigned>(ceil_div(L.pixels, kDirectPixels)), static_cast<unsigned>(g.groups * L.tiles_n));
+      kernel<<<grid, cuda::block_size("deform_conv2d_direct_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
+          xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), o.w.const_data_ptr<T>(),
+          b.defined() ? b.const_data_ptr<T>() : nullptr, L, out.data_ptr<T>());
+      CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_direct_kernel");
+    }
+  };
+  const auto with_rn = [&](auto vw) {
+    constexpr int V = decltype(vw)::value;
+    switch (rn) {
+      case 2: return launch(deform_conv2d_direct_kernel<T, 2, V>);
+      case 4: return launch(deform_conv2d_direct_kernel<T, 4, V>);
+      case 6: return launch(deform_conv2d_direct_kernel<T, 6, V>);
+      default: return launch(deform_conv2d_direct_kernel<T, 8, V>);
+    }
+  };
+  if (vec) {
+    with_rn(std::integral_constant<int, kVec>());
+  } else {
+    with_rn(std::integral_constant<int, 1>());
+  }
+}
+
 // The GEMMs' operands: each one as_strided view of a buffer's elements from `first`, in place of
 // a chain of views (narrow, select, view, permute, expand: about 20 ATen calls per batch-1
 // forward, torch.profiler).
@@ -1304,9 +1535,9 @@ void accumulate_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, 
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
-    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, at::Tensor& out) {
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, bool direct, at::Tensor& out) {
   const CudaOperands o(g, input, offset, weight, mask);
-  const bool nhwc = channels_last_output(out);  // one group, or depthwise (deform_conv2d_cuda)
+  const bool nhwc = channels_last_output(out);  // one group, depthwise or direct (deform_conv2d_cuda)
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = depthwise_taps_weight(weight.reshape({g.in_channels, g.taps()}));
@@ -1323,6 +1554,10 @@ void forward_impl(
           out.data_ptr<T>());
     });
     return;
+  }
+  if (direct) {
+    const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
+    return launch_direct<T>(g, o, xs, bias.has_value() ? bias->contiguous() : at::Tensor(), out);
   }
   const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
   // The budget counts what grows with the GEMM's rows (columns, rows-major output); the
@@ -1405,10 +1640,11 @@ at::Tensor deform_conv2d_cuda(
   // GEMM per group into the output's columns, strided by C_out, could not be told apart from it
   // in the A/B's noise; docs/deform_conv2d.md).
   const bool depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
-  const bool via_nchw = channels_last_output(out) && !depthwise && g.groups > 1;
+  const bool direct = !depthwise && direct_forward(g, input.scalar_type());
+  const bool via_nchw = channels_last_output(out) && !depthwise && !direct && g.groups > 1;
   at::Tensor dst = via_nchw ? at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous)) : out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d_cuda", [&] {
-    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, dst);
+    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, direct, dst);
     if (via_nchw) {
       transpose_into<scalar_t, scalar_t>(
           dst.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), g.batch, g.out_channels, g.out_pixels());
