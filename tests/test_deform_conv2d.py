@@ -671,7 +671,8 @@ def test_cuda_depthwise_direct_failed_launch_is_a_runtime_error_naming_it(monkey
 # short last one), slices of 32 channels and a shorter last (80 per group), offset groups of 20
 # channels in 40-channel groups (stages end at offset groups), 3 channels per group across
 # 2-channel offset groups (one channel per load), blocks of 128 pixels across images, stride,
-# dilation, no mask and no bias, 5x5 taps.
+# dilation, no mask and no bias, 5x5 taps; images whose channels-last copies go in chunks (48 MB:
+# float32 2 + 1 images, float64 one each).
 DIRECT_CONFIGS = {
     "two_per_thread": dict(B=3, C=8, H=9, W=10, C_out=2, groups=1, og=1),
     "four_per_thread_groups": dict(B=2, C=32, H=11, W=13, C_out=48, groups=2, og=1),
@@ -695,6 +696,7 @@ DIRECT_CONFIGS = {
         mask=False,
         bias=False,
     ),
+    "images_in_chunks": dict(B=3, C=1024, H=64, W=64, C_out=8, groups=1, og=1),
 }
 
 

@@ -758,6 +758,7 @@ struct DirectPoint {
 struct DirectLayout {
   DeformConv2dGeometry g;
   int64_t b0;       // the launch's first image
+  int64_t x0;       // the first image in xs
   uint32_t pixels;  // output pixels of the launch's images (below 2^31)
   int tiles_n;      // blocks per group along its output channels: grid.y = groups * tiles_n
   Divider P, out_w, kw;
@@ -809,7 +810,7 @@ __global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
                 yx.div, yx.mod, bp.mod, ij.div, ij.mod, og * taps + k, &m);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              pt.src[q] = tap.idx[q] < 0 ? -1 : (b * plane + tap.idx[q]) * C;
+              pt.src[q] = tap.idx[q] < 0 ? -1 : ((b - L.x0) * plane + tap.idx[q]) * C;
               pt.w[q] = tap.w[q] * m;
             }
           } else {
@@ -1448,10 +1449,12 @@ bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType) {
   return forward_override() > 0 && direct_fits(g);
 }
 
-// The direct forward over all images (direct_fits), in launches of fewer than 2^31 output pixels.
+// The direct forward of a chunk's images (direct_fits; xs: their channels-last copy), in launches
+// of fewer than 2^31 output pixels.
 template <typename T>
 void launch_direct(
-    const DeformConv2dGeometry& g, const CudaOperands& o, const at::Tensor& xs, const at::Tensor& b, at::Tensor& out) {
+    const DeformConv2dGeometry& g, const CudaOperands& o, const Chunk& ch, const at::Tensor& xs, const at::Tensor& b,
+    at::Tensor& out) {
   static_assert(kDirectThreads == cuda::kThreads, "the failed-launch hook's block size");
   const int64_t P = g.out_pixels();
   const int rn = direct_channels_per_thread(g.out_per_group());
@@ -1468,9 +1471,10 @@ void launch_direct(
       std::gcd(g.in_per_group(), g.in_per_offset_group()) % kVec == 0 && cuda::is_aligned(xs.const_data_ptr<T>(), 16);
   const int64_t per_launch = std::max<int64_t>(1, (std::numeric_limits<int32_t>::max() - kDirectPixels) / P);
   const auto launch = [&](auto kernel) {
-    for (int64_t b0 = 0; b0 < g.batch; b0 += per_launch) {
+    L.x0 = ch.b0;
+    for (int64_t b0 = ch.b0; b0 < ch.b0 + ch.nb; b0 += per_launch) {
       L.b0 = b0;
-      L.pixels = static_cast<uint32_t>(std::min(per_launch, g.batch - b0) * P);
+      L.pixels = static_cast<uint32_t>(std::min(per_launch, ch.b0 + ch.nb - b0) * P);
       const dim3 grid(
           static_cast<unsigned>(ceil_div(L.pixels, kDirectPixels)), static_cast<unsigned>(g.groups * L.tiles_n));
       kernel<<<grid, cuda::block_size("deform_conv2d_direct_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
@@ -1555,9 +1559,15 @@ void forward_impl(
     });
     return;
   }
-  if (direct) {
-    const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
-    return launch_direct<T>(g, o, xs, bias.has_value() ? bias->contiguous() : at::Tensor(), out);
+  if (direct) {  // the images' channels-last copies in chunks of at most kChunkBudget
+    const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+    const int64_t image_bytes = o.image_copy_bytes(g);
+    const int64_t nb = image_bytes == 0 ? g.batch : std::clamp<int64_t>(kChunkBudget / image_bytes, 1, g.batch);
+    for (int64_t b0 = 0; b0 < g.batch; b0 += nb) {
+      const Chunk ch{b0, std::min(nb, g.batch - b0), 0, g.out_pixels()};
+      launch_direct<T>(g, o, ch, o.images<T>(ch), b, out);
+    }
+    return;
   }
   const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
   // The budget counts what grows with the GEMM's rows (columns, rows-major output); the
