@@ -26,6 +26,8 @@ labels.
         columns=CUSTOMOPS_TEST_DEFORM_FORWARD=columns direct=CUSTOMOPS_TEST_DEFORM_FORWARD=direct > narrow.txt
     python benchmarks/ab_deform_conv2d.py report narrow.txt columns direct
 
+(the default, label ``old``, is timed too).
+
     python benchmarks/ab_deform_conv2d.py interleave 3 \
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt direct old
@@ -91,15 +93,16 @@ def depthwise_shapes():
 
 def narrow_shapes():
     """Forward only: layers of few output channels per group, where the direct forward competes
-    with the columns and a GEMM. Widths 8 to 192 per group, in four settings: the main job's
-    (many small images), large images, a single image, and 4 groups; every dtype."""
+    with the columns and a GEMM. Widths 8 to 192 per group (256 in float32), in four settings:
+    the main job's (many small images), large images, a single image, and 4 groups; every dtype."""
     import torch
 
     from bench_deform_conv2d import TF32, Shape
 
     out = []
     for dtype in (torch.float32, TF32, torch.float16, torch.bfloat16):
-        for n in (8, 16, 32, 48, 64, 96, 128, 192):
+        # IEEE float32 GEMMs run on CUDA cores too: wider layers as well.
+        for n in (8, 16, 32, 48, 64, 96, 128, 192) + ((256,) if dtype in (torch.float32, TF32) else ()):
             out += [
                 Shape(256, 48, 12, 12, n, 1, 1, dtype, False, note="small images"),
                 Shape(8, 64, 64, 64, n, 1, 1, dtype, False, note="large images"),
