@@ -670,7 +670,8 @@ def test_cuda_depthwise_direct_failed_launch_is_a_runtime_error_naming_it(monkey
 # 8 output channels per thread (a group of 2, 24, 48 and 100 outputs: two blocks of 64 with a
 # short last one), slices of 32 channels and a shorter last (80 per group), offset groups of 20
 # channels in 40-channel groups (stages end at offset groups), 3 channels per group across
-# 2-channel offset groups (one channel per load), blocks of 128 pixels across images, stride,
+# 2-channel offset groups (one channel per load), an offset group over two groups, 8-channel offset
+# groups in 12-channel groups, blocks of 128 pixels across images, stride,
 # dilation, no mask and no bias, 5x5 taps; images whose channels-last copies go in chunks (48 MB:
 # float32 2 + 1 images, float64 one each).
 DIRECT_CONFIGS = {
@@ -681,6 +682,8 @@ DIRECT_CONFIGS = {
     "slices": dict(B=2, C=160, H=6, W=7, C_out=16, groups=2, og=1),
     "offset_groups_in_a_group": dict(B=2, C=80, H=8, W=8, C_out=16, groups=2, og=4),
     "odd_channels": dict(B=2, C=6, H=7, W=8, C_out=4, groups=2, og=3),
+    "an_offset_group_over_groups": dict(B=2, C=16, H=7, W=6, C_out=8, groups=4, og=2),
+    "offset_groups_end_inside_slices": dict(B=2, C=24, H=6, W=9, C_out=6, groups=2, og=3),
     "stride_dilation_5x5_plain": dict(
         B=2,
         C=16,
@@ -696,7 +699,7 @@ DIRECT_CONFIGS = {
         mask=False,
         bias=False,
     ),
-    "images_in_chunks": dict(B=3, C=1024, H=64, W=64, C_out=8, groups=1, og=1),
+    "images_in_chunks": dict(B=3, C=1024, H=72, W=72, C_out=8, groups=1, og=1),
 }
 
 

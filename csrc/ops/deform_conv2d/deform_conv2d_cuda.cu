@@ -781,7 +781,7 @@ __global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
   const int64_t n0 = static_cast<int64_t>(blockIdx.y % L.tiles_n) * TN;
   const uint32_t t0 = blockIdx.x * static_cast<uint32_t>(TP);
   const int px = threadIdx.x % 32, slot = threadIdx.x / 32;
-  const T* wg = w + gi * Ng * taps * Cg;  // the group's weight, (Ng, taps, Cg)
+  const T* wg = w + gi * taps * Cg * Ng;  // the group's weight, (taps, Cg, Ng)
   A acc[4][RN];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -843,9 +843,9 @@ __global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
 #pragma unroll
         for (int j = 0; j < V; ++j) smp[cv + j][i] = s[j];
       }
-      for (int e = threadIdx.x; e < TN * kc; e += kDirectThreads) {
-        const int n = e / kc, c = e - n * kc;
-        wsm[c][n] = n0 + n < Ng ? static_cast<A>(wg[((n0 + n) * taps + k) * Cg + c0 + c]) : A(0);
+      for (int e = threadIdx.x; e < TN * kc; e += kDirectThreads) {  // output channels fastest
+        const int c = e / TN, n = e - c * TN;
+        wsm[c][n] = n0 + n < Ng ? static_cast<A>(wg[(k * Cg + c0 + c) * Ng + n0 + n]) : A(0);
       }
       __syncthreads();
 #pragma unroll 4
@@ -1181,18 +1181,23 @@ inline at::Tensor taps_major_weight(const DeformConv2dGeometry& g, const at::Ten
 }
 
 // What the kernels read besides the input: offset and mask NCHW contiguous, and the weight
-// as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order.
+// as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order, or for
+// the direct forward as (groups, kh, kw, in_channels / groups, out_channels / groups), so that a
+// stage's slice is read along the output channels into shared memory without bank conflicts.
 struct CudaOperands {
   at::Tensor input, off, msk, w;
   bool input_channels_last;
 
   CudaOperands(
       const DeformConv2dGeometry& g, const at::Tensor& input_, const at::Tensor& offset, const at::Tensor& weight,
-      const c10::optional<at::Tensor>& mask)
+      const c10::optional<at::Tensor>& mask, bool direct = false)
       : input(input_),
         off(offset.contiguous()),
         msk(mask.has_value() ? mask->contiguous() : at::Tensor()),
-        w(taps_major_weight(g, weight).view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
+        w(direct ? weight.reshape({g.groups, g.out_per_group(), g.in_per_group(), g.kh, g.kw})
+                       .permute({0, 3, 4, 2, 1})
+                       .contiguous()
+                 : taps_major_weight(g, weight).view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
         input_channels_last(input_.is_contiguous(at::MemoryFormat::ChannelsLast)) {}
 
   template <typename T>
@@ -1440,7 +1445,8 @@ int direct_channels_per_thread(int64_t out_per_group) {
 // launches of whole images below 2^31 pixels.
 bool direct_fits(const DeformConv2dGeometry& g) {
   const int64_t tiles = ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
-  return g.groups * tiles <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2;
+  return g.groups * tiles <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2 &&
+         g.taps() <= std::numeric_limits<int32_t>::max();
 }
 
 // Where the direct forward is taken (layers that are not depthwise): only where forced, until
@@ -1540,7 +1546,7 @@ template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, bool direct, at::Tensor& out) {
-  const CudaOperands o(g, input, offset, weight, mask);
+  const CudaOperands o(g, input, offset, weight, mask, direct);
   const bool nhwc = channels_last_output(out);  // one group, depthwise or direct (deform_conv2d_cuda)
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
@@ -1559,7 +1565,7 @@ void forward_impl(
     });
     return;
   }
-  if (direct) {  // the images' channels-last copies in chunks of at most kChunkBudget
+  if (direct) {  // the images' channels-last copies in chunks of kChunkBudget (or of one image)
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
     const int64_t image_bytes = o.image_copy_bytes(g);
     const int64_t nb = image_bytes == 0 ? g.batch : std::clamp<int64_t>(kChunkBudget / image_bytes, 1, g.batch);
