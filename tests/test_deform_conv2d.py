@@ -143,6 +143,25 @@ def test_points_outside_the_image_sample_zero_and_nothing_leaks_from_other_pixel
     torch.testing.assert_close(out, kw["bias"].view(1, -1, 1, 1).expand_as(out))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_non_finite_sampling_positions_sample_zero_with_zero_offset_gradient(device):
+    # As documented: a NaN or infinite offset is a point outside the image.
+    kw = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in _inputs(og=1).items()}
+    bad = kw["offset"].clone()
+    bad[0, 0, 2, 3], bad[1, 5, 4, 1], bad[0, 8, 0, 0] = float("nan"), float("inf"), -float("inf")
+    outside = kw["offset"].clone()
+    outside[0, 0, 2, 3], outside[1, 5, 4, 1], outside[0, 8, 0, 0] = 1e6, 1e6, -1e6
+    grads = []
+    for off in (bad, outside):
+        off = off.requires_grad_()
+        out = customops.deform_conv2d(**dict(kw, offset=off))
+        assert torch.isfinite(out).all()
+        (g,) = torch.autograd.grad(out, off, torch.ones_like(out))
+        assert torch.isfinite(g).all() and g[0, 0, 2, 3] == 0 and g[1, 5, 4, 1] == 0 and g[0, 8, 0, 0] == 0
+        grads.append((out, g))
+    torch.testing.assert_close(grads[0], grads[1], atol=0, rtol=0)
+
+
 def _right_hand_offset_gradient(kw, eps=1e-7):
     base = customops.deform_conv2d(**kw).sum()
     grad = torch.empty_like(kw["offset"])

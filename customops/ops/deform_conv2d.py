@@ -39,8 +39,10 @@ def deform_conv2d(
 
     where ``c'`` is ``c``'s index within its group and ``bilinear`` interpolates the four
     pixels around ``(y, x)``, each 0 outside the image (so a point with ``y <= -1``,
-    ``y >= H``, ``x <= -1`` or ``x >= W`` samples 0). With zero offsets and no mask it is
-    :func:`torch.nn.functional.conv2d`.
+    ``y >= H``, ``x <= -1`` or ``x >= W`` samples 0, and so does a NaN or infinite position, with
+    a zero offset gradient: a diverging offset branch does not show in the output, unlike
+    :func:`torch.nn.functional.grid_sample`, which returns NaN there). With zero offsets and no
+    mask it is :func:`torch.nn.functional.conv2d`.
 
     Args:
         input: ``(B, C_in, H, W)``.
