@@ -177,6 +177,23 @@ __device__ __forceinline__ void gather(const T* img, int64_t C, const BilinearTa
   }
 }
 
+// s[j] = sum over corners q of w[q] * base[src[q] + j], j < V (src[q] < 0: no corner), in opmath:
+// a sampling point staged in shared memory, blended from a channels-last image.
+template <typename T, typename A, int V>
+__device__ __forceinline__ void blend_corners(const T* base, const int64_t (&src)[4], const A (&w)[4], A (&s)[V]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) s[j] = 0;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    if (src[q] >= 0) {
+      A val[V];
+      load_vec<T, A, V>(base + src[q], val);
+#pragma unroll
+      for (int j = 0; j < V; ++j) s[j] += w[q] * val[j];
+    }
+  }
+}
+
 // The column kernel's blend in packed 16-bit arithmetic (kPackedBlend): the corners' weights
 // (float32, the mask folded in) are rounded to T once and the four products summed in T2 by
 // fused multiply-adds, two channels per instruction, with no conversions to and from float32.
@@ -685,17 +702,7 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
       load_vec<T, A, V>(wt + (k0 + kk) * C + c, wv);
       const DepthwisePoint<A>& pt = pts[(ogi * kn + kk) * L.tp + slot];
       A s[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) s[j] = 0;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (pt.src[q] >= 0) {
-          A val[V];
-          load_vec<T, A, V>(xs + pt.src[q] + c, val);
-#pragma unroll
-          for (int j = 0; j < V; ++j) s[j] += pt.w[q] * val[j];
-        }
-      }
+      blend_corners<T, A, V>(xs + c, pt.src, pt.w, s);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[j] += wv[j] * (pt.m * s[j]);
     }
@@ -829,17 +836,7 @@ __global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
         const int i = e / vecs, cv = (e - i * vecs) * V;
         const DirectPoint<A>& pt = pts[i];
         A s[V];
-#pragma unroll
-        for (int j = 0; j < V; ++j) s[j] = 0;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          if (pt.src[q] >= 0) {
-            A val[V];
-            load_vec<T, A, V>(xs + pt.src[q] + cin + cv, val);
-#pragma unroll
-            for (int j = 0; j < V; ++j) s[j] += pt.w[q] * val[j];
-          }
-        }
+        blend_corners<T, A, V>(xs + cin + cv, pt.src, pt.w, s);
 #pragma unroll
         for (int j = 0; j < V; ++j) smp[cv + j][i] = s[j];
       }
