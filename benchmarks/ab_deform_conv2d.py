@@ -19,8 +19,8 @@ Paths that an environment variable selects, read per call, need one build and on
 shape, the default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order
 that rotates, so that every variant sees the same machine state. ``--depthwise`` times depthwise
 layers of several networks' sizes instead of the grid; ``--narrow`` the forwards of layers with
-few output channels per group (fwd+bwd columns read nan). ``report FILE A B`` compares any two
-labels.
+few output channels per group (fwd+bwd columns read nan), ``--grouped`` those of grouped layers
+(ResNeXt detectors' DCN stages among them). ``report FILE A B`` compares any two labels.
 
     python benchmarks/ab_deform_conv2d.py interleave 2 --narrow \
         columns=CUSTOMOPS_TEST_DEFORM_FORWARD=columns direct=CUSTOMOPS_TEST_DEFORM_FORWARD=direct > narrow.txt
@@ -112,6 +112,33 @@ def narrow_shapes():
     return out
 
 
+def grouped_shapes():
+    """Forward only: grouped layers, where the default may take the direct forward. The DCN
+    stages of ResNeXt-101 32x4d and 64x4d detectors (8 to 32 channels per group, 800 x 1344
+    images, batch 2 and 1), a few groups of 32 to 64 channels, one input channel per group, and
+    grouped layers of a single small image (fewer blocks than SMs); every dtype."""
+    import torch
+
+    from bench_deform_conv2d import TF32, Shape
+
+    out = []
+    for dtype in (torch.float32, TF32, torch.float16, torch.bfloat16):
+        out += [
+            Shape(2, 256, 100, 168, 256, 32, 1, dtype, False, note="ResNeXt 32x4d c3"),
+            Shape(2, 512, 50, 84, 512, 32, 1, dtype, False, note="ResNeXt 32x4d c4"),
+            Shape(2, 1024, 25, 42, 1024, 32, 1, dtype, False, note="ResNeXt 32x4d c5"),
+            Shape(1, 1024, 25, 42, 1024, 32, 1, dtype, False, note="ResNeXt 32x4d c5, one image"),
+            Shape(2, 2048, 25, 42, 2048, 64, 1, dtype, False, note="ResNeXt 64x4d c5"),
+            Shape(4, 96, 56, 56, 96, 3, 3, dtype, False, note="32 channels per group"),
+            Shape(8, 256, 64, 64, 256, 8, 1, dtype, False, note="32 channels per group"),
+            Shape(2, 128, 128, 128, 128, 2, 1, dtype, False, note="64 channels per group"),
+            Shape(8, 128, 64, 64, 256, 128, 1, dtype, False, note="one input channel per group"),
+            Shape(1, 256, 32, 32, 64, 4, 1, dtype, False, note="one image"),
+            Shape(1, 256, 32, 32, 256, 4, 1, dtype, False, note="one image"),
+        ]
+    return out
+
+
 def run(label, only=None):
     pick = shapes
     if only == "--depthwise":
@@ -136,6 +163,8 @@ def interleave(rounds, settings):
         pick, settings = depthwise_shapes, settings[1:]
     elif settings and settings[0] == "--narrow":
         pick, settings, backward = narrow_shapes, settings[1:], False
+    elif settings and settings[0] == "--grouped":
+        pick, settings, backward = grouped_shapes, settings[1:], False
     variants = {"old": {}}
     for arg in settings:
         label, _, pairs = arg.partition("=")
