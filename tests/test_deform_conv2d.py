@@ -746,6 +746,35 @@ def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
     assert_launch_fails("deform_conv2d_direct_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
 
 
+# The default dispatch (direct_forward): the direct kernel for float32 layers of several groups
+# of 8 to 32 output channels over several images, with a block per SM; the columns elsewhere.
+@needs_cuda
+@pytest.mark.parametrize(
+    "dtype, tf32, C_out, groups, B, kernel",
+    [
+        (torch.float32, False, 128, 4, 16, "deform_conv2d_direct_kernel"),  # 32 per group
+        (torch.float32, True, 32, 4, 16, "deform_conv2d_direct_kernel"),  # 8 per group, TF32 too
+        (torch.float32, False, 256, 4, 16, "deform_conv2d_im2col_kernel"),  # 64 per group
+        (torch.float32, False, 16, 4, 16, "deform_conv2d_im2col_kernel"),  # 4 per group
+        (torch.float32, False, 16, 1, 16, "deform_conv2d_im2col_kernel"),  # one group
+        (torch.float32, False, 128, 4, 1, "deform_conv2d_im2col_kernel"),  # one image
+        (torch.float16, False, 128, 4, 16, "deform_conv2d_im2col_kernel"),  # tensor cores
+        (torch.bfloat16, False, 128, 4, 16, "deform_conv2d_im2col_kernel"),
+        (torch.float64, False, 128, 4, 16, "deform_conv2d_im2col_kernel"),
+    ],
+)
+def test_cuda_default_forward_takes_the_direct_kernel_where_it_wins(dtype, tf32, C_out, groups, B, kernel, monkeypatch):
+    monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_FORWARD", raising=False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    # 512 blocks of the direct kernel: the layers meant for it need one per SM.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if "direct" in kernel and B * 32 * 32 // 128 * groups < sms:
+        pytest.skip(f"the layer has fewer blocks of the direct kernel than this GPU's {sms} SMs")
+    kw = _inputs(B=B, C=64, H=32, W=32, C_out=C_out, groups=groups, og=1, scale=1.5)
+    gpu = {k: (v.to(device="cuda", dtype=dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    _ran_kernel(kernel, customops.deform_conv2d, gpu)
+
+
 def _ran_kernel(kernel, fn, kwargs):
     """fn(**kwargs) under torch.profiler; asserts that a CUDA kernel whose name contains
     ``kernel`` ran, and returns fn's result."""

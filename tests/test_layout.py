@@ -77,7 +77,7 @@ def test_no_kernel_folder_without_an_op():
 LAUNCHES_TESTED_ELSEWHERE = {
     "fused_linear_sigmoid_small_m_kernel": "tests/test_cuda_kernels.py (sm_90 only)",
     "deform_conv2d_depthwise_kernel": "tests/test_deform_conv2d.py (the tiled kernel's fallback, forced)",
-    "deform_conv2d_direct_kernel": "tests/test_deform_conv2d.py (forced: no default dispatch reaches it yet)",
+    "deform_conv2d_direct_kernel": "tests/test_deform_conv2d.py (forced; by default on larger grouped layers)",
 }
 
 

@@ -746,7 +746,7 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
 // on adjacent 16-byte runs of one pixel's channels), and the weight's slice beside them; then each
 // thread adds the products of 4 pixels and RN output channels in registers. Where a group's output
 // channels are few, the columns' round trip through memory and cuBLAS's narrow tiles cost more
-// than the arithmetic (direct_forward_wins says where).
+// than the arithmetic (direct_forward says where).
 constexpr int kDirectPixels = 128;
 constexpr int kDirectSlots = 8;  // warps: output-channel slots of RN channels each
 constexpr int kDirectThreads = 32 * kDirectSlots;
@@ -1446,10 +1446,27 @@ bool direct_fits(const DeformConv2dGeometry& g) {
          g.taps() <= std::numeric_limits<int32_t>::max();
 }
 
-// Where the direct forward is taken (layers that are not depthwise): only where forced, until
-// benchmarks/ab_deform_conv2d.py --narrow on a GPU says where it beats the columns.
-bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType) {
-  return forward_override() > 0 && direct_fits(g);
+// Where the direct forward is taken (layers that are not depthwise): float32 layers of several
+// groups of 8 to 32 output channels, over several images, with at least one block per SM. Two
+// A/Bs on an H100 (benchmarks/ab_deform_conv2d.py --narrow and --grouped, 2026-12-05,
+// docs/deform_conv2d.md), forwards, columns time over direct time:
+// - there, 1.06-2.84x in IEEE float32 and TF32 (ResNeXt detectors' DCN stages 1.06-1.58x);
+// - 64 output channels per group: 0.58-0.74x (2 groups, 128x128 images), and 2 per group 0.66x
+//   in IEEE float32 (a block computes 16 channels or more, one slot per warp);
+// - one image: 0.32-0.93x (one chunk of columns, where the columns of several images of a
+//   grouped layer go image by image);
+// - one group: at most 1.08x, and down to 0.19x;
+// - float16 and bfloat16: 0.38-0.84x at 7 of the 8 grouped layers of several images, where
+//   cuBLAS's GEMMs run on tensor cores (the direct kernel multiplies in float32 on CUDA cores),
+//   though 1.4-3.7x at 4 groups of 32x32 images.
+// float64 stays on the columns (not measured).
+bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
+  if (const int forced = forward_override()) return forced > 0 && direct_fits(g);
+  const int64_t n = g.out_per_group();
+  if (dtype != at::kFloat || g.groups == 1 || g.batch == 1 || n < 8 || n > 32 || !direct_fits(g)) return false;
+  const int64_t per_block = kDirectSlots * direct_channels_per_thread(n);
+  const int64_t blocks = ceil_div(g.batch * g.out_pixels(), kDirectPixels) * g.groups * ceil_div(n, per_block);
+  return blocks >= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
 // The direct forward of a chunk's images (direct_fits; xs: their channels-last copy), in launches
