@@ -583,13 +583,20 @@ CUDA_TOL = {torch.float64: (1e-12, 1e-11), torch.float32: (1e-5, 1e-4), torch.fl
 
 
 @needs_cuda
-@pytest.mark.parametrize("forward", ["columns", "direct"])
+@pytest.mark.parametrize("forward", ["columns", "direct", "grouped_gemm"])
 @pytest.mark.parametrize("dtype", list(CUDA_TOL))
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_cuda_matches_cpu(name, dtype, forward, monkeypatch):
-    # Both forwards of layers that are not depthwise (CUSTOMOPS_TEST_DEFORM_FORWARD forces either).
-    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", forward)
+    # Every forward of layers that are not depthwise (CUSTOMOPS_TEST_DEFORM_FORWARD forces the
+    # columns or the direct kernel; CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1 the columns of grouped
+    # layers through one GEMM batched over the groups).
+    _force_forward(monkeypatch, forward)
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
+
+
+def _force_forward(monkeypatch, forward):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns" if forward == "grouped_gemm" else forward)
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM", "1" if forward == "grouped_gemm" else "0")
 
 
 # Sizes past one chunk (deform_conv2d_cuda.cu's budgets, 96 MB at these small C_out), through
@@ -618,6 +625,24 @@ CUDA_CHUNK_CONFIGS = {
 def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
     _cuda_vs_cpu(_inputs(**CUDA_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
+
+
+# The grouped layers' batched GEMM (CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1): chunks of several
+# whole images (float32: 3 + 3 + 3 of 21 MB each with the rows-major buffer), runs of one
+# image's pixels where an image passes the budget, and output rows not 16-byte aligned.
+GROUPED_GEMM_CHUNK_CONFIGS = {
+    "images_per_chunk": dict(B=9, C=256, H=48, W=48, C_out=24, groups=2, og=2),
+    "pixels_per_chunk": dict(B=1, C=512, H=112, W=112, C_out=8, groups=2, og=4),
+    "unaligned_rows": dict(B=3, C=96, H=13, W=15, C_out=48, groups=3, og=3),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", list(GROUPED_GEMM_CHUNK_CONFIGS))
+def test_cuda_grouped_gemm_chunks_match_cpu(name, dtype, monkeypatch):
+    _force_forward(monkeypatch, "grouped_gemm")
+    _cuda_vs_cpu(_inputs(**GROUPED_GEMM_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
 # The tiled depthwise forward: its tiling's edges, against the CPU kernel and bitwise against the

@@ -1118,10 +1118,11 @@ int64_t chunk_budget(const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel,
 }
 
 // The chunks of a call: whole images while one image's share fits the budget and there is a
-// single group (the GEMM then batches over images), else runs of one image's pixels; chunks
-// of equal size but the last. A chunk's columns stay below 2^31 values, for the kernels'
-// 32-bit item indices.
-std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel, int64_t image_extra_bytes) {
+// single group (the GEMM then batches over images) or the caller batches the groups over
+// whole images (any_groups), else runs of one image's pixels; chunks of equal size but the
+// last. A chunk's columns stay below 2^31 values, for the kernels' 32-bit item indices.
+std::vector<Chunk> plan_chunks(
+    const DeformConv2dGeometry& g, int64_t col_bytes_per_pixel, int64_t image_extra_bytes, bool any_groups = false) {
   const int64_t P = g.out_pixels(), K = g.in_channels * g.taps();
   TORCH_CHECK(
       K <= std::numeric_limits<int32_t>::max(),
@@ -1133,7 +1134,7 @@ std::vector<Chunk> plan_chunks(const DeformConv2dGeometry& g, int64_t col_bytes_
   const int64_t budget = chunk_budget(g, col_bytes_per_pixel, image_extra_bytes);
   const int64_t image_bytes = P * col_bytes_per_pixel + image_extra_bytes;
   std::vector<Chunk> chunks;
-  if (g.groups == 1 && image_bytes <= budget && P <= max_rows) {
+  if ((g.groups == 1 || any_groups) && image_bytes <= budget && P <= max_rows) {
     const int64_t most = std::max<int64_t>(1, std::min(budget / image_bytes, max_rows / P));
     const int64_t nb = ceil_div(g.batch, ceil_div(g.batch, most));
     for (int64_t b0 = 0; b0 < g.batch; b0 += nb) chunks.push_back({b0, std::min(nb, g.batch - b0), 0, P});
@@ -1428,6 +1429,17 @@ int forward_override() {
   return std::strcmp(v, "columns") == 0 ? -1 : 0;
 }
 
+// Test hook: CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1, read per call, gives a grouped layer's columns
+// forward chunks of whole images and one GEMM batched over the groups into a rows-major buffer
+// (then the transpose), in place of a GEMM per image batched over the groups straight into the
+// output. Not taken otherwise until an A/B on a GPU measures it: grouped layers of several
+// small images ran 2.5x slower than one group of as much work, likely the launches of an image
+// at a time (docs/deform_conv2d.md).
+bool grouped_gemm_override() {
+  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
 // channels (each block blends the samples again), then the least padding of the last one.
 int direct_channels_per_thread(int64_t out_per_group) {
@@ -1607,8 +1619,9 @@ void forward_impl(
   // float32 layers ran up to 1.7x slower on the H200).
   const bool aligned = P * sizeof(T) % 16 == 0;
   const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
-  const bool rows_major = nhwc || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
-  if (rows_major && !nhwc) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0);
+  const bool grouped_gemm = g.groups > 1 && !nhwc && grouped_gemm_override();
+  const bool rows_major = nhwc || grouped_gemm || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
+  if (rows_major && !nhwc) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0, grouped_gemm);
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
@@ -1621,7 +1634,9 @@ void forward_impl(
     if (!nhwc) buf = at::empty({max_rows, g.out_channels}, opts);
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
     if (nhwc && b.defined()) fill_bias<T>(out, b);
-    const at::Tensor wt = strided(o.w, 0, {K, g.out_channels}, {1, K});  // (K, C_out)
+    // (K, C_out), or per group (G, Kg, C_out / G)
+    const at::Tensor wt = g.groups == 1 ? strided(o.w, 0, {K, g.out_channels}, {1, K})
+                                        : strided(o.w, 0, {g.groups, Kg, Cg}, {Cg * Kg, 1, Kg});
     for (const Chunk& ch : chunks) {
       if (ch.p0 == 0) xs = o.images<T>(ch);
       launch_im2col<T>(o, g, ch, xs, col);
@@ -1629,7 +1644,12 @@ void forward_impl(
       at::Tensor dst = strided(
           nhwc ? out : buf, nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0, {rows, g.out_channels},
           {g.out_channels, 1});
-      matmul_into(dst, strided(col, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
+      if (g.groups == 1) {
+        matmul_into(dst, strided(col, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
+      } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the buffer
+        at::Tensor dst_g = strided(buf, 0, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
+        matmul_into(dst_g, strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, false);
+      }
       if (nhwc) continue;
       transpose_into<T, T>(
           dst.const_data_ptr<T>(), out.data_ptr<T>() + ch.b0 * g.out_channels * P + ch.p0,
