@@ -20,7 +20,9 @@
 //     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
 //     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
 //     Few output channels per group: deform_conv2d_direct_kernel, an implicit GEMM on CUDA
-//     cores, computes the output with no columns, where direct_forward takes it.
+//     cores, computes the output with no columns, where direct_forward takes it. (Under a test
+//     hook, grouped_gemm_override, grouped layers go the one-group way, one GEMM batched over
+//     the groups into the rows-major buffer.)
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
