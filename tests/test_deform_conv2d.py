@@ -619,30 +619,23 @@ CUDA_CHUNK_CONFIGS = {
 }
 
 
-@needs_cuda
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", list(CUDA_CHUNK_CONFIGS))
-def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
-    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
-    _cuda_vs_cpu(_inputs(**CUDA_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
-
-
 # The grouped layers' batched GEMM (CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1): chunks of several
 # whole images (float32: 3 + 3 + 3 of 21 MB each with the rows-major buffer), runs of one
 # image's pixels where an image passes the budget, and output rows not 16-byte aligned.
 GROUPED_GEMM_CHUNK_CONFIGS = {
-    "images_per_chunk": dict(B=9, C=256, H=48, W=48, C_out=24, groups=2, og=2),
-    "pixels_per_chunk": dict(B=1, C=512, H=112, W=112, C_out=8, groups=2, og=4),
-    "unaligned_rows": dict(B=3, C=96, H=13, W=15, C_out=48, groups=3, og=3),
+    "grouped_gemm_images_per_chunk": dict(B=9, C=256, H=48, W=48, C_out=24, groups=2, og=2),
+    "grouped_gemm_pixels_per_chunk": dict(B=1, C=512, H=112, W=112, C_out=8, groups=2, og=4),
+    "grouped_gemm_unaligned_rows": dict(B=3, C=96, H=13, W=15, C_out=48, groups=3, og=3),
 }
 
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", list(GROUPED_GEMM_CHUNK_CONFIGS))
-def test_cuda_grouped_gemm_chunks_match_cpu(name, dtype, monkeypatch):
-    _force_forward(monkeypatch, "grouped_gemm")
-    _cuda_vs_cpu(_inputs(**GROUPED_GEMM_CHUNK_CONFIGS[name], scale=1.5), dtype, *CUDA_TOL[dtype])
+@pytest.mark.parametrize("name", list(CUDA_CHUNK_CONFIGS) + list(GROUPED_GEMM_CHUNK_CONFIGS))
+def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
+    _force_forward(monkeypatch, "grouped_gemm" if name in GROUPED_GEMM_CHUNK_CONFIGS else "columns")
+    config = CUDA_CHUNK_CONFIGS.get(name) or GROUPED_GEMM_CHUNK_CONFIGS[name]
+    _cuda_vs_cpu(_inputs(**config, scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
 # The tiled depthwise forward: its tiling's edges, against the CPU kernel and bitwise against the

@@ -1452,11 +1452,15 @@ int direct_channels_per_thread(int64_t out_per_group) {
   return 8;
 }
 
+// The direct kernel's blocks along a group's output channels.
+int64_t direct_tiles_n(const DeformConv2dGeometry& g) {
+  return ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
+}
+
 // Whether the direct kernel's grid holds the layer: grid.y = groups * blocks per group, and
 // launches of whole images below 2^31 pixels.
 bool direct_fits(const DeformConv2dGeometry& g) {
-  const int64_t tiles = ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
-  return g.groups * tiles <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2 &&
+  return g.groups * direct_tiles_n(g) <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2 &&
          g.taps() <= std::numeric_limits<int32_t>::max();
 }
 
@@ -1478,8 +1482,7 @@ bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
   if (const int forced = forward_override()) return forced > 0 && direct_fits(g);
   const int64_t n = g.out_per_group();
   if (dtype != at::kFloat || g.groups == 1 || g.batch == 1 || n < 8 || n > 32 || !direct_fits(g)) return false;
-  const int64_t per_block = kDirectSlots * direct_channels_per_thread(n);
-  const int64_t blocks = ceil_div(g.batch * g.out_pixels(), kDirectPixels) * g.groups * ceil_div(n, per_block);
+  const int64_t blocks = ceil_div(g.batch * g.out_pixels(), kDirectPixels) * g.groups * direct_tiles_n(g);
   return blocks >= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
@@ -1494,7 +1497,7 @@ void launch_direct(
   const int rn = direct_channels_per_thread(g.out_per_group());
   DirectLayout L;
   L.g = g;
-  L.tiles_n = static_cast<int>(ceil_div(g.out_per_group(), kDirectSlots * rn));
+  L.tiles_n = static_cast<int>(direct_tiles_n(g));
   L.P = Divider(static_cast<uint32_t>(P));
   L.out_w = Divider(static_cast<uint32_t>(g.out_w));
   L.kw = Divider(static_cast<uint32_t>(g.kw));
