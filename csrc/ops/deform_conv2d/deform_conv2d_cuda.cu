@@ -774,8 +774,8 @@ struct DirectLayout {
   bool nhwc;  // a channels_last output
 };
 
-template <typename T, int RN, int V>
-__global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
+template <typename T, int RN, int V, int kMinBlocks = 1, bool kVecB = false>
+__global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_direct_kernel(
     const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, const T* __restrict__ w,
     const T* __restrict__ bias, DirectLayout L, T* __restrict__ out) {
   using A = at::opmath_type<T>;
@@ -852,8 +852,22 @@ __global__ void __launch_bounds__(kDirectThreads) deform_conv2d_direct_kernel(
         A a[4], b[RN];
 #pragma unroll
         for (int q = 0; q < 4; ++q) a[q] = smp[c][px + 32 * q];
+        if constexpr (kVecB && std::is_same<A, float>::value && RN % 4 == 0) {
 #pragma unroll
-        for (int j = 0; j < RN; ++j) b[j] = wsm[c][slot * RN + j];
+          for (int j = 0; j < RN; j += 4) {
+            const float4 v = *reinterpret_cast<const float4*>(&wsm[c][slot * RN + j]);
+            b[j] = v.x, b[j + 1] = v.y, b[j + 2] = v.z, b[j + 3] = v.w;
+          }
+        } else if constexpr (kVecB && std::is_same<A, float>::value) {
+#pragma unroll
+          for (int j = 0; j < RN; j += 2) {
+            const float2 v = *reinterpret_cast<const float2*>(&wsm[c][slot * RN + j]);
+            b[j] = v.x, b[j + 1] = v.y;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < RN; ++j) b[j] = wsm[c][slot * RN + j];
+        }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
 #pragma unroll
@@ -1452,6 +1466,13 @@ int direct_channels_per_thread(int64_t out_per_group) {
   return 8;
 }
 
+// A/B hook (float32 only): CUSTOMOPS_TEST_DEFORM_DIRECT_VARIANT = 1 (vector loads of the weight
+// slice), 2 (3 blocks per SM), 3 (both); 0 where unset.
+int direct_variant() {
+  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_DIRECT_VARIANT");
+  return v == nullptr ? 0 : std::clamp(std::atoi(v), 0, 3);
+}
+
 // The direct kernel's blocks along a group's output channels.
 int64_t direct_tiles_n(const DeformConv2dGeometry& g) {
   return ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
@@ -1520,13 +1541,25 @@ void launch_direct(
       CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_direct_kernel");
     }
   };
+  const int variant = direct_variant();
+  const auto with_variant = [&](auto rn_c, auto vw) {
+    constexpr int RN = decltype(rn_c)::value, V = decltype(vw)::value;
+    if constexpr (std::is_same<T, float>::value) {
+      switch (variant) {
+        case 1: return launch(deform_conv2d_direct_kernel<T, RN, V, 1, true>);
+        case 2: return launch(deform_conv2d_direct_kernel<T, RN, V, 3, false>);
+        case 3: return launch(deform_conv2d_direct_kernel<T, RN, V, 3, true>);
+        default: break;
+      }
+    }
+    return launch(deform_conv2d_direct_kernel<T, RN, V>);
+  };
   const auto with_rn = [&](auto vw) {
-    constexpr int V = decltype(vw)::value;
     switch (rn) {
-      case 2: return launch(deform_conv2d_direct_kernel<T, 2, V>);
-      case 4: return launch(deform_conv2d_direct_kernel<T, 4, V>);
-      case 6: return launch(deform_conv2d_direct_kernel<T, 6, V>);
-      default: return launch(deform_conv2d_direct_kernel<T, 8, V>);
+      case 2: return with_variant(std::integral_constant<int, 2>(), vw);
+      case 4: return with_variant(std::integral_constant<int, 4>(), vw);
+      case 6: return with_variant(std::integral_constant<int, 6>(), vw);
+      default: return with_variant(std::integral_constant<int, 8>(), vw);
     }
   };
   if (vec) {
