@@ -764,14 +764,16 @@ def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
     assert_launch_fails("deform_conv2d_direct_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
 
 
-# The default dispatch (direct_forward): the direct kernel for float32 layers of several groups
-# of 8 to 32 output channels over several images, with a block per SM; the columns elsewhere.
+# The default dispatch (direct_forward): the direct kernel for IEEE float32 layers of several
+# groups of 8 to 32 output channels over several images, with a block per SM; the columns
+# elsewhere, TF32 included.
 @needs_cuda
 @pytest.mark.parametrize(
     "dtype, tf32, C_out, groups, B, kernel",
     [
         (torch.float32, False, 128, 4, 16, "deform_conv2d_direct_kernel"),  # 32 per group
-        (torch.float32, True, 32, 4, 16, "deform_conv2d_direct_kernel"),  # 8 per group, TF32 too
+        (torch.float32, False, 32, 4, 16, "deform_conv2d_direct_kernel"),  # 8 per group
+        (torch.float32, True, 32, 4, 16, "deform_conv2d_im2col_kernel"),  # TF32
         (torch.float32, False, 256, 4, 16, "deform_conv2d_im2col_kernel"),  # 64 per group
         (torch.float32, False, 16, 4, 16, "deform_conv2d_im2col_kernel"),  # 4 per group
         (torch.float32, False, 16, 1, 16, "deform_conv2d_im2col_kernel"),  # one group
@@ -793,20 +795,66 @@ def test_cuda_default_forward_takes_the_direct_kernel_where_it_wins(dtype, tf32,
     _ran_kernel(kernel, customops.deform_conv2d, gpu)
 
 
-def _ran_kernel(kernel, fn, kwargs):
-    """fn(**kwargs) under torch.profiler; asserts that a CUDA kernel whose name contains
-    ``kernel`` ran, and returns fn's result."""
+def _kernel_names(fn, kwargs):
+    """fn(**kwargs) under torch.profiler: its result and the names of the CUDA kernels it ran,
+    in order, or None under compute-sanitizer (scripts/sanitize.sh sets the variable), where
+    the profiler sees no kernel at all: the tool holds CUPTI."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = fn(**kwargs)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    # Under compute-sanitizer (scripts/sanitize.sh sets the variable) the profiler sees no
-    # kernel at all: the tool holds CUPTI.
-    if names or os.environ.get("CUSTOMOPS_UNDER_SANITIZER") != "1":
+    return out, (None if not names and os.environ.get("CUSTOMOPS_UNDER_SANITIZER") == "1" else names)
+
+
+def _ran_kernel(kernel, fn, kwargs):
+    """fn(**kwargs) under torch.profiler; asserts that a CUDA kernel whose name contains
+    ``kernel`` ran, and returns fn's result."""
+    out, names = _kernel_names(fn, kwargs)
+    if names is not None:
         assert any(kernel in n for n in names), f"{kernel} did not run: {sorted(set(names))}"
     return out
+
+
+@needs_cuda
+def test_cuda_direct_float32_takes_its_bounded_build_past_one_wave(monkeypatch):
+    # float32: a grid that one wave of the direct kernel holds runs its build of unbounded
+    # registers, a larger one (32 images: 1024 blocks) the build bounded to 3 blocks per SM;
+    # both against the CPU.
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "direct")
+    names = {}
+    for B in (2, 32):
+        kw = _inputs(B=B, C=64, H=32, W=32, C_out=128, groups=4, og=1, scale=1.5, dtype=torch.float32)
+        _cuda_vs_cpu(kw, torch.float32, *CUDA_TOL[torch.float32])
+        gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        _, ran = _kernel_names(customops.deform_conv2d, gpu)
+        if ran is None:
+            return
+        names[B] = {n for n in ran if "deform_conv2d_direct_kernel" in n}
+    assert len(names[2]) == 1 and len(names[32]) == 1 and names[2] != names[32], names
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_cuda_grouped_layer_of_several_images_takes_one_gemm(dtype, monkeypatch):
+    # grouped_gemm: by default the columns of a grouped layer's 4 images go through one GEMM
+    # batched over the groups; forced off, a GEMM per image (test_cuda_matches_cpu checks the
+    # values of both).
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
+    kw = _inputs(B=4, C=64, H=16, W=16, C_out=64, groups=4, og=1, dtype=dtype)
+    gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    gemms = {}
+    for setting in (None, "0"):
+        if setting is None:
+            monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM", raising=False)
+        else:
+            monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM", setting)
+        _, ran = _kernel_names(customops.deform_conv2d, gpu)
+        if ran is None:
+            return
+        gemms[setting] = [n for n in ran if "deform_conv2d" not in n]  # cuBLAS's
+    assert len(gemms["0"]) >= 4 and len(gemms[None]) < len(gemms["0"]), gemms
 
 
 @needs_cuda

@@ -3,6 +3,7 @@
 #pragma once
 
 // Not <ATen/ATen.h>: nvcc parses the headers once per architecture (docs/adding_an_op.md).
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -76,6 +77,16 @@ struct InputPtrs {
 
 inline bool is_aligned(const void* p, int bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+// Whether ATen's cuBLAS path would run a float32 matmul on TF32 tensor cores now (any of
+// torch.backends.cuda.matmul.fp32_precision, torch.backends.fp32_precision, allow_tf32,
+// set_float32_matmul_precision; at::NoTF32Guard). allowTF32CuBLAS() is not used: it throws when
+// the legacy and the new settings disagree.
+inline bool matmul_allows_tf32() {
+  return !at::NoTF32Guard::should_disable_tf32() &&
+         at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+             at::Float32Precision::TF32;
 }
 
 // Enough blocks to fill every SM several times over; the loop is grid-strided.

@@ -10,19 +10,17 @@
 // of a call is bounded whatever the batch and image size.
 //   forward: deform_conv2d_im2col_kernel fills the columns, (pixels, groups, kh * kw,
 //     in_channels / groups) in the input's dtype, then cuBLAS multiplies them with the
-//     weight: one group, one GEMM over the chunk's rows into a rows-major (pixels, C_out)
-//     buffer that the transpose kernel moves into the NCHW output with the bias; else (see
-//     forward_impl) at::bmm over the images or groups straight into the NCHW output,
-//     prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
+//     weight: one GEMM over the chunk's rows (batched over the groups: grouped_gemm) into a
+//     rows-major (pixels, C_out) buffer that the transpose kernel moves into the NCHW output
+//     with the bias; else (see forward_impl) at::bmm over the images or groups straight into
+//     the NCHW output, prefilled with the bias as the GEMMs' C operand. float32 follows torch's matmul
 //     precision (TF32 where allowed); 16-bit GEMMs accumulate in float32. A channels_last
 //     output (deform_conv2d_output_format) with one group is the rows-major result itself.
 //     Depthwise (one
 //     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
 //     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
 //     Few output channels per group: deform_conv2d_direct_kernel, an implicit GEMM on CUDA
-//     cores, computes the output with no columns, where direct_forward takes it. (Under a test
-//     hook, grouped_gemm_override, grouped layers go the one-group way, one GEMM batched over
-//     the groups into the rows-major buffer.)
+//     cores, computes the output with no columns, where direct_forward takes it.
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -774,7 +772,7 @@ struct DirectLayout {
   bool nhwc;  // a channels_last output
 };
 
-template <typename T, int RN, int V, int kMinBlocks = 1, bool kVecB = false>
+template <typename T, int RN, int V, int kMinBlocks>
 __global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_direct_kernel(
     const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, const T* __restrict__ w,
     const T* __restrict__ bias, DirectLayout L, T* __restrict__ out) {
@@ -852,22 +850,8 @@ __global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_dire
         A a[4], b[RN];
 #pragma unroll
         for (int q = 0; q < 4; ++q) a[q] = smp[c][px + 32 * q];
-        if constexpr (kVecB && std::is_same<A, float>::value && RN % 4 == 0) {
 #pragma unroll
-          for (int j = 0; j < RN; j += 4) {
-            const float4 v = *reinterpret_cast<const float4*>(&wsm[c][slot * RN + j]);
-            b[j] = v.x, b[j + 1] = v.y, b[j + 2] = v.z, b[j + 3] = v.w;
-          }
-        } else if constexpr (kVecB && std::is_same<A, float>::value) {
-#pragma unroll
-          for (int j = 0; j < RN; j += 2) {
-            const float2 v = *reinterpret_cast<const float2*>(&wsm[c][slot * RN + j]);
-            b[j] = v.x, b[j + 1] = v.y;
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < RN; ++j) b[j] = wsm[c][slot * RN + j];
-        }
+        for (int j = 0; j < RN; ++j) b[j] = wsm[c][slot * RN + j];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
 #pragma unroll
@@ -1256,21 +1240,38 @@ constexpr int col2im_max_bytes() {
   return std::min<int>(16, kCol2imMaxV * static_cast<int>(sizeof(T)));
 }
 
-// cudaFuncGetAttributes(kernel).maxThreadsPerBlock on the current device, asked once per kernel
-// and device: a driver call per launch would add to the host work that bounds batch-1 backwards.
-inline int max_threads_per_block(const void* kernel) {
+// query(kernel) on the current device, asked once per kernel, device and key: a driver call per
+// launch would add to the host work that bounds batch-1 backwards.
+template <typename F>
+int per_kernel_and_device(const void* kernel, int key_, F query) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> known;
-  const std::pair<const void*, int> key{kernel, c10::cuda::current_device()};
+  static std::map<std::tuple<const void*, int, int>, int> known;
+  const std::tuple<const void*, int, int> key{kernel, c10::cuda::current_device(), key_};
   {
     const std::lock_guard<std::mutex> lock(mu);
     const auto it = known.find(key);
     if (it != known.end()) return it->second;
   }
-  cudaFuncAttributes attr;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int value = query();
   const std::lock_guard<std::mutex> lock(mu);
-  return known.emplace(key, attr.maxThreadsPerBlock).first->second;
+  return known.emplace(key, value).first->second;
+}
+
+inline int max_threads_per_block(const void* kernel) {
+  return per_kernel_and_device(kernel, 0, [&] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return attr.maxThreadsPerBlock;
+  });
+}
+
+// Blocks of `threads` threads (no dynamic shared memory) that one SM holds at once.
+inline int resident_blocks_per_sm(const void* kernel, int threads) {
+  return per_kernel_and_device(kernel, threads, [&] {
+    int n = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, 0));
+    return n;
+  });
 }
 
 template <typename T, bool kDepthwise>
@@ -1445,15 +1446,28 @@ int forward_override() {
   return std::strcmp(v, "columns") == 0 ? -1 : 0;
 }
 
-// Test hook: CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1, read per call, gives a grouped layer's columns
-// forward chunks of whole images and one GEMM batched over the groups into a rows-major buffer
-// (then the transpose), in place of a GEMM per image batched over the groups straight into the
-// output. Not taken otherwise until an A/B on a GPU measures it: grouped layers of several
-// small images ran 2.5x slower than one group of as much work, likely the launches of an image
-// at a time (docs/deform_conv2d.md).
-bool grouped_gemm_override() {
+// Test hook: CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1 or =0, read per call, forces grouped_gemm on
+// or off; 0 where unset.
+int grouped_gemm_override() {
   const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  if (v == nullptr) return 0;
+  if (std::strcmp(v, "1") == 0) return 1;
+  return std::strcmp(v, "0") == 0 ? -1 : 0;
+}
+
+// Whether the columns forward of a grouped layer (NCHW output) takes chunks of whole images and
+// one GEMM per chunk batched over the groups, into a rows-major buffer, then the transpose into
+// NCHW with the bias; else a GEMM per image (or run of its pixels) batched over the groups
+// straight into the output. Taken for several images (one launch, not one per image), and for
+// output rows that are not 16-byte aligned (cuBLAS's slower kernels). Forwards on an H100
+// (benchmarks/results/deform_conv2d_ab_grouped_gemm_NVIDIA_H100_2026-12-05.md), per-image time
+// over batched: 1.02-2.04x at grouped layers of several images in every dtype and at one image of
+// 25x42 (1.03-1.23x), 0.98-1.02x at 2 groups of 64 channels, but 0.93x at ResNeXt 32x4d's c3 stage
+// (2 images of 100x168, 8 channels per group) in float16 and bfloat16; one image of aligned rows
+// 0.93-0.95x (the transpose), so it keeps the per-image GEMM.
+bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
+  if (const int forced = grouped_gemm_override()) return forced > 0 && g.groups > 1;
+  return g.groups > 1 && (g.batch > 1 || !aligned_rows);
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
@@ -1464,13 +1478,6 @@ int direct_channels_per_thread(int64_t out_per_group) {
     if (tiles * kDirectSlots * rn >= out_per_group) return rn;
   }
   return 8;
-}
-
-// A/B hook (float32 only): CUSTOMOPS_TEST_DEFORM_DIRECT_VARIANT = 1 (vector loads of the weight
-// slice), 2 (3 blocks per SM), 3 (both); 0 where unset.
-int direct_variant() {
-  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_DIRECT_VARIANT");
-  return v == nullptr ? 0 : std::clamp(std::atoi(v), 0, 3);
 }
 
 // The direct kernel's blocks along a group's output channels.
@@ -1485,10 +1492,13 @@ bool direct_fits(const DeformConv2dGeometry& g) {
          g.taps() <= std::numeric_limits<int32_t>::max();
 }
 
-// Where the direct forward is taken (layers that are not depthwise): float32 layers of several
-// groups of 8 to 32 output channels, over several images, with at least one block per SM. Two
-// A/Bs on an H100 (benchmarks/ab_deform_conv2d.py --narrow and --grouped, 2026-12-05,
-// docs/deform_conv2d.md), forwards, columns time over direct time:
+// Where the direct forward is taken (layers that are not depthwise): IEEE float32 layers (no
+// TF32 for matmuls) of several groups of 8 to 32 output channels, over several images, with at
+// least one block per SM. Against the columns through grouped_gemm (forwards on an H100,
+// benchmarks/results/deform_conv2d_ab_direct_variants_NVIDIA_H100_2026-12-05.md): there
+// 1.01-1.18x (ResNeXt detectors' DCN stages 1.03-1.18x); in TF32, 0.83-1.05x, so TF32 takes the
+// columns. Against the columns of a GEMM per image, the earlier A/Bs (--narrow and --grouped,
+// docs/deform_conv2d.md), columns time over direct time:
 // - there, 1.06-2.84x in IEEE float32 and TF32 (ResNeXt detectors' DCN stages 1.06-1.58x);
 // - 64 output channels per group: 0.58-0.74x (2 groups, 128x128 images), and 2 per group 0.66x
 //   in IEEE float32 (a block computes 16 channels or more, one slot per warp);
@@ -1502,7 +1512,10 @@ bool direct_fits(const DeformConv2dGeometry& g) {
 bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
   if (const int forced = forward_override()) return forced > 0 && direct_fits(g);
   const int64_t n = g.out_per_group();
-  if (dtype != at::kFloat || g.groups == 1 || g.batch == 1 || n < 8 || n > 32 || !direct_fits(g)) return false;
+  if (dtype != at::kFloat || cuda::matmul_allows_tf32() || g.groups == 1 || g.batch == 1 || n < 8 || n > 32 ||
+      !direct_fits(g)) {
+    return false;
+  }
   const int64_t blocks = ceil_div(g.batch * g.out_pixels(), kDirectPixels) * g.groups * direct_tiles_n(g);
   return blocks >= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
@@ -1528,7 +1541,7 @@ void launch_direct(
   const bool vec =
       std::gcd(g.in_per_group(), g.in_per_offset_group()) % kVec == 0 && cuda::is_aligned(xs.const_data_ptr<T>(), 16);
   const int64_t per_launch = std::max<int64_t>(1, (std::numeric_limits<int32_t>::max() - kDirectPixels) / P);
-  const auto launch = [&](auto kernel) {
+  const auto launch_grids = [&](auto kernel) {
     L.x0 = ch.b0;
     for (int64_t b0 = ch.b0; b0 < ch.b0 + ch.nb; b0 += per_launch) {
       L.b0 = b0;
@@ -1541,25 +1554,31 @@ void launch_direct(
       CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_direct_kernel");
     }
   };
-  const int variant = direct_variant();
-  const auto with_variant = [&](auto rn_c, auto vw) {
+  // float32, the dtype the default sends here: a grid that one wave of the kernel holds (102
+  // registers, 2 blocks per SM on the H100) takes it; a larger one the build bounded to 3 blocks
+  // per SM (80 registers), for fewer waves. Forwards on an H100: the bounded build 1.06-1.31x
+  // faster at 20 of 22 layers whose grids passed 264 blocks (0.99-1.00x at the others), 0.86-1.01x
+  // at 256 blocks or fewer, which one wave held; Nsight Compute had found 25% occupancy and, at
+  // 256x48x12x12 -> 48, 288 blocks for 264 places
+  // (benchmarks/results/deform_conv2d_ab_direct_variants_NVIDIA_H100_2026-12-05.md).
+  const auto launch = [&](auto rn_c, auto vw) {
     constexpr int RN = decltype(rn_c)::value, V = decltype(vw)::value;
+    const auto kernel = deform_conv2d_direct_kernel<T, RN, V, 1>;
     if constexpr (std::is_same<T, float>::value) {
-      switch (variant) {
-        case 1: return launch(deform_conv2d_direct_kernel<T, RN, V, 1, true>);
-        case 2: return launch(deform_conv2d_direct_kernel<T, RN, V, 3, false>);
-        case 3: return launch(deform_conv2d_direct_kernel<T, RN, V, 3, true>);
-        default: break;
+      const int64_t blocks = ceil_div(ch.nb * P, kDirectPixels) * g.groups * L.tiles_n;
+      const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      if (blocks > resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDirectThreads) * sms) {
+        return launch_grids(deform_conv2d_direct_kernel<T, RN, V, 3>);
       }
     }
-    return launch(deform_conv2d_direct_kernel<T, RN, V>);
+    launch_grids(kernel);
   };
   const auto with_rn = [&](auto vw) {
     switch (rn) {
-      case 2: return with_variant(std::integral_constant<int, 2>(), vw);
-      case 4: return with_variant(std::integral_constant<int, 4>(), vw);
-      case 6: return with_variant(std::integral_constant<int, 6>(), vw);
-      default: return with_variant(std::integral_constant<int, 8>(), vw);
+      case 2: return launch(std::integral_constant<int, 2>(), vw);
+      case 4: return launch(std::integral_constant<int, 4>(), vw);
+      case 6: return launch(std::integral_constant<int, 6>(), vw);
+      default: return launch(std::integral_constant<int, 8>(), vw);
     }
   };
   if (vec) {
@@ -1657,9 +1676,9 @@ void forward_impl(
   // float32 layers ran up to 1.7x slower on the H200).
   const bool aligned = P * sizeof(T) % 16 == 0;
   const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
-  const bool grouped_gemm = g.groups > 1 && !nhwc && grouped_gemm_override();
-  const bool rows_major = nhwc || grouped_gemm || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
-  if (rows_major && !nhwc) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0, grouped_gemm);
+  const bool batched_groups = !nhwc && grouped_gemm(g, aligned);
+  const bool rows_major = nhwc || batched_groups || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
+  if (rows_major && !nhwc) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0, batched_groups);
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);

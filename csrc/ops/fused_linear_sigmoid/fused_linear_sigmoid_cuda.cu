@@ -90,14 +90,9 @@ bool sm90_supported(Kernel k, const at::Tensor& x2d, const at::Tensor& weight, c
     return false;
   }
   const auto dtype = x2d.scalar_type();
-  // float32 runs on TF32 tensor cores, so only where torch would use TF32 for this matmul: the
-  // test ATen's cuBLAS path makes (any of torch.backends.cuda.matmul.fp32_precision,
-  // torch.backends.fp32_precision, allow_tf32, set_float32_matmul_precision; at::NoTF32Guard).
-  // allowTF32CuBLAS() is not used: it throws when the legacy and the new settings disagree.
+  // float32 runs on TF32 tensor cores, so only where torch would use TF32 for this matmul.
   // Pingpong is the one configuration built for it (the faster of two measured, docs/design.md).
-  const bool tf32 = dtype == at::kFloat && k == Kernel::kSm90Pingpong128 && !at::NoTF32Guard::should_disable_tf32() &&
-                    at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
-                        at::Float32Precision::TF32;
+  const bool tf32 = dtype == at::kFloat && k == Kernel::kSm90Pingpong128 && cuda::matmul_allows_tf32();
   if (dtype != at::kBFloat16 && dtype != at::kHalf && !tf32) return false;
   const auto* props = at::cuda::getDeviceProperties(x2d.get_device());
   if (props->major != 9 || props->minor != 0) return false;
