@@ -819,20 +819,22 @@ def _ran_kernel(kernel, fn, kwargs):
 
 @needs_cuda
 def test_cuda_direct_float32_takes_its_bounded_build_past_one_wave(monkeypatch):
-    # float32: a grid that one wave of the direct kernel holds runs its build of unbounded
-    # registers, a larger one (32 images: 1024 blocks) the build bounded to 3 blocks per SM;
+    # float32: a grid that one wave of the direct kernel holds (one image: 32 blocks) runs its
+    # build of unbounded registers, a larger one (32 images: 1024 blocks) the build bounded to 3
+    # blocks per SM, where that build fits more blocks per SM (the H100's and H200's sm_90);
     # both against the CPU.
+    if torch.cuda.get_device_properties(0).multi_processor_count < 16:
+        pytest.skip("one wave of the unbounded build holds fewer than 32 blocks on this GPU")
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "direct")
     names = {}
-    for B in (2, 32):
+    for B in (1, 32):
         kw = _inputs(B=B, C=64, H=32, W=32, C_out=128, groups=4, og=1, scale=1.5, dtype=torch.float32)
         _cuda_vs_cpu(kw, torch.float32, *CUDA_TOL[torch.float32])
         gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
         _, ran = _kernel_names(customops.deform_conv2d, gpu)
-        if ran is None:
-            return
-        names[B] = {n for n in ran if "deform_conv2d_direct_kernel" in n}
-    assert len(names[2]) == 1 and len(names[32]) == 1 and names[2] != names[32], names
+        names[B] = ran and {n for n in ran if "deform_conv2d_direct_kernel" in n}
+    if names[1] is not None:
+        assert len(names[1]) == 1 and len(names[32]) == 1 and names[1] != names[32], names
 
 
 @needs_cuda

@@ -1461,10 +1461,12 @@ int grouped_gemm_override() {
 // straight into the output. Taken for several images (one launch, not one per image), and for
 // output rows that are not 16-byte aligned (cuBLAS's slower kernels). Forwards on an H100
 // (benchmarks/results/deform_conv2d_ab_grouped_gemm_NVIDIA_H100_2026-12-05.md), per-image time
-// over batched: 1.02-2.04x at grouped layers of several images in every dtype and at one image of
-// 25x42 (1.03-1.23x), 0.98-1.02x at 2 groups of 64 channels, but 0.93x at ResNeXt 32x4d's c3 stage
-// (2 images of 100x168, 8 channels per group) in float16 and bfloat16; one image of aligned rows
-// 0.93-0.95x (the transpose), so it keeps the per-image GEMM.
+// over batched: 1.02-2.04x at grouped layers of several images in float32, TF32, float16 and
+// bfloat16 and at one image of 25x42 (1.03-1.23x), 0.98-1.02x at 2 groups of 64 channels, but
+// 0.93x at ResNeXt 32x4d's c3 stage (2 images of 100x168, 8 channels per group) in float16 and
+// bfloat16; one image of aligned rows 0.93-0.96x (the transpose), so it keeps the per-image GEMM.
+// float64 (not measured) follows the same rule. A channels_last output does not ask: see
+// forward_impl.
 bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
   if (const int forced = grouped_gemm_override()) return forced > 0 && g.groups > 1;
   return g.groups > 1 && (g.batch > 1 || !aligned_rows);
@@ -1567,8 +1569,12 @@ void launch_direct(
     if constexpr (std::is_same<T, float>::value) {
       const int64_t blocks = ceil_div(ch.nb * P, kDirectPixels) * g.groups * L.tiles_n;
       const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      if (blocks > resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDirectThreads) * sms) {
-        return launch_grids(deform_conv2d_direct_kernel<T, RN, V, 3>);
+      const auto bounded = deform_conv2d_direct_kernel<T, RN, V, 3>;
+      const int most = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDirectThreads);
+      // (only where the bounded build fits more blocks per SM: not where shared memory is the bound)
+      if (blocks > most * sms &&
+          resident_blocks_per_sm(reinterpret_cast<const void*>(bounded), kDirectThreads) > most) {
+        return launch_grids(bounded);
       }
     }
     launch_grids(kernel);
@@ -1630,7 +1636,7 @@ void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, bool direct, at::Tensor& out) {
   const CudaOperands o(g, input, offset, weight, mask, direct);
-  const bool nhwc = channels_last_output(out);  // one group, depthwise or direct (deform_conv2d_cuda)
+  const bool nhwc = channels_last_output(out);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
     const at::Tensor wt = depthwise_taps_weight(weight.reshape({g.in_channels, g.taps()}));
@@ -1669,16 +1675,19 @@ void forward_impl(
   // long, and where they are not 16-byte aligned cuBLAS falls back to slower kernels (H200,
   // 512 x 4608 x 1050 per image, float16, 4 images: 144 us batched into NCHW, 33 us
   // rows-major); its batched float32 GEMMs also ran up to 1.6x slower than one GEMM over the
-  // images. Straight into NCHW, saving the output's round trip, stay: several groups (a GEMM
-  // per group), and aligned rows in 16-bit types or in chunks of one image. A channels_last
-  // output is the rows-major result itself: the GEMMs write straight into it, the bias
-  // prefilled as their C operand (with cuBLASLt's bias epilogue, at::addmm_out with a 1-D bias,
-  // float32 layers ran up to 1.7x slower on the H200).
+  // images. Straight into NCHW, saving the output's round trip, stay: aligned rows in 16-bit
+  // types or in chunks of one image, and grouped layers where grouped_gemm says so (a GEMM per
+  // image batched over the groups). Several groups otherwise go the same way, one GEMM batched
+  // over the groups. A channels_last output is the rows-major result itself: the GEMMs write
+  // straight into it, the bias prefilled as their C operand (with cuBLASLt's bias epilogue,
+  // at::addmm_out with a 1-D bias, float32 layers ran up to 1.7x slower on the H200); several
+  // groups always batch over the groups into it, which saves the transpose that their GEMMs
+  // per image would need.
   const bool aligned = P * sizeof(T) % 16 == 0;
   const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
-  const bool batched_groups = !nhwc && grouped_gemm(g, aligned);
+  const bool batched_groups = g.groups > 1 && (nhwc || grouped_gemm(g, aligned));
   const bool rows_major = nhwc || batched_groups || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
-  if (rows_major && !nhwc) chunks = plan_chunks(g, (K + g.out_channels) * sizeof(T), 0, batched_groups);
+  if (rows_major) chunks = plan_chunks(g, (K + (nhwc ? 0 : g.out_channels)) * sizeof(T), 0, batched_groups);
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
@@ -1703,9 +1712,11 @@ void forward_impl(
           {g.out_channels, 1});
       if (g.groups == 1) {
         matmul_into(dst, strided(col, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
-      } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the buffer
-        at::Tensor dst_g = strided(buf, 0, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
-        matmul_into(dst_g, strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, false);
+      } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the rows
+        at::Tensor dst_g = strided(
+            nhwc ? out : buf, nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0, {g.groups, rows, Cg},
+            {Cg, g.out_channels, 1});
+        matmul_into(dst_g, strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, nhwc && b.defined());
       }
       if (nhwc) continue;
       transpose_into<T, T>(
@@ -1742,20 +1753,10 @@ at::Tensor deform_conv2d_cuda(
   at::Tensor out = at::empty(
       {g.batch, g.out_channels, g.out_h, g.out_w}, input.options().memory_format(deform_conv2d_output_format(input)));
   if (out.numel() == 0) return out;
-  // A channels_last output with several groups (not depthwise): computed NCHW, a GEMM per group
-  // as for an NCHW input, and transposed: the NCHW path's GEMMs and one pass over the output (a
-  // GEMM per group into the output's columns, strided by C_out, could not be told apart from it
-  // in the A/B's noise; docs/deform_conv2d.md).
   const bool depthwise = g.in_per_group() == 1 && g.out_per_group() == 1;
   const bool direct = !depthwise && direct_forward(g, input.scalar_type());
-  const bool via_nchw = channels_last_output(out) && !depthwise && !direct && g.groups > 1;
-  at::Tensor dst = via_nchw ? at::empty(out.sizes(), out.options().memory_format(at::MemoryFormat::Contiguous)) : out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "deform_conv2d_cuda", [&] {
-    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, direct, dst);
-    if (via_nchw) {
-      transpose_into<scalar_t, scalar_t>(
-          dst.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), g.batch, g.out_channels, g.out_pixels());
-    }
+    forward_impl<scalar_t>(g, input, offset, weight, bias, mask, direct, out);
   });
   return out;
 }
