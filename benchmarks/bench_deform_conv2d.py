@@ -2,7 +2,8 @@
 shape (same groups), forward and forward + backward (gradients for input, offset, mask, weight
 and bias). The default grid (``--shapes grid``) is 3x3, stride 1, padding 1, mask given
 (DCNv2); ``--shapes models`` takes layers of published networks instead (kernel sizes 1,
-3 and 7, strides, dilations, DCNv1, batch 1 and serving batches), and ``--shapes all`` both.
+3 and 7, strides, dilations, DCNv1, batch 1 and serving batches), ``--shapes grouped`` the
+grouped DCN stages of ResNeXt detectors, and ``--shapes all`` all three.
 
 CPU (default without a GPU): float32, ``torch.set_num_threads(--threads)``, medians of
 torch.utils.benchmark's blocked_autorange. CUDA: medians with the L2 flushed (benchmarks/common.py),
@@ -115,6 +116,22 @@ def model_shapes(dtype, batches):
             Shape(b, 128, 56, 56, 128, 128, 1, dtype, False, 7, 1, 3, note="depthwise 7x7"),
         ]
     return m + [Shape(256, 48, 12, 12, 48, 1, 1, dtype, False, note="main job's segmentation layer")]
+
+
+def grouped_shapes(dtype, batches):
+    """Grouped deformable layers of published detectors, at each of ``batches``: the DCN stages
+    c3, c4 and c5 of ResNeXt-101 32x4d (32 groups of 8, 16 and 32 channels) and c5 of ResNeXt-101
+    64x4d (64 groups of 32), as mmdetection's DCN configs place them, at Mask R-CNN's 800 x
+    1344 input (strides 8, 16 and 32: 100 x 168, 50 x 84, 25 x 42)."""
+    m = []
+    for b in batches:
+        m += [
+            Shape(b, 256, 100, 168, 256, 32, 1, dtype, False, note="ResNeXt-101 32x4d DCN c3"),
+            Shape(b, 512, 50, 84, 512, 32, 1, dtype, False, note="ResNeXt-101 32x4d DCN c4"),
+            Shape(b, 1024, 25, 42, 1024, 32, 1, dtype, False, note="ResNeXt-101 32x4d DCN c5"),
+            Shape(b, 2048, 25, 42, 2048, 64, 1, dtype, False, note="ResNeXt-101 64x4d DCN c5"),
+        ]
+    return m
 
 
 def cpu_name():
@@ -329,7 +346,7 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--rounds", type=int, default=5, help="passes over the implementations (median)")
-    parser.add_argument("--shapes", choices=("grid", "models", "all"), default="grid", help="see above")
+    parser.add_argument("--shapes", choices=("grid", "models", "grouped", "all"), default="grid", help="see above")
     parser.add_argument("--out", help="folder for the .md and .json results (and, for CUDA, a .png plot)")
     parser.add_argument("--from-json", help="rewrite the .md and .png of a saved .json (no timing)")
     args = parser.parse_args()
@@ -350,11 +367,14 @@ def main():
     # The models' layers: on CUDA in IEEE float32 (torchvision's default, and where the GEMM
     # takes most of the time) and float16, at batches 1 and 8; on the CPU float32 at batch 1
     # (torchvision's CPU backward takes seconds at these sizes).
+    # The grouped layers: detectors' batches of 1 and 2 images on CUDA, 1 on the CPU.
     if device == "cuda":
         models = model_shapes(torch.float32, (1, 8)) + model_shapes(torch.float16, (1, 8))
+        grouped = grouped_shapes(torch.float32, (1, 2)) + grouped_shapes(torch.float16, (1, 2))
     else:
         models = model_shapes(torch.float32, (1,))
-    shapes = {"grid": grid, "models": models, "all": grid + models}[args.shapes]
+        grouped = grouped_shapes(torch.float32, (1,))
+    shapes = {"grid": grid, "models": models, "grouped": grouped, "all": grid + models + grouped}[args.shapes]
     machine = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
     if device == "cpu":
         machine += f", {args.threads} threads, load average {os.getloadavg()[0]:.1f} at the start"
