@@ -1376,12 +1376,20 @@ at::Tensor depthwise_taps_weight(const at::Tensor& w) {
   return cuda::is_aligned(wt.const_data_ptr(), 16) ? wt : wt.clone();
 }
 
+// A test hook's setting, read per call: 1 where the variable `name` is `on`, -1 where it is
+// `off`, 0 where it is unset or anything else.
+int env_override(const char* name, const char* on, const char* off) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  if (std::strcmp(v, on) == 0) return 1;
+  return std::strcmp(v, off) == 0 ? -1 : 0;
+}
+
 // Test hook: CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1, read per call, sends the depthwise forward to
 // the direct kernel, the tiled kernel's fallback, so that tests (and benchmarks/ab_deform_conv2d.py)
 // reach it at any shape.
 bool depthwise_direct_forced() {
-  const char* v = std::getenv("CUSTOMOPS_TEST_DEPTHWISE_DIRECT");
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  return env_override("CUSTOMOPS_TEST_DEPTHWISE_DIRECT", "1", "0") > 0;
 }
 
 // The tiled depthwise forward (deform_conv2d_depthwise_tile_kernel) over all images, in launches
@@ -1436,23 +1444,16 @@ bool launch_depthwise_tiled(
   return true;
 }
 
-// Test hook: CUSTOMOPS_TEST_DEFORM_FORWARD=direct or =columns, read per call, forces the forward
-// of a layer that is not depthwise to deform_conv2d_direct_kernel or to the columns and GEMMs,
-// so that tests and benchmarks/ab_deform_conv2d.py reach either at any shape; 0 where unset.
+// Test hook: CUSTOMOPS_TEST_DEFORM_FORWARD=direct or =columns forces the forward of a layer that
+// is not depthwise to deform_conv2d_direct_kernel or to the columns and GEMMs, so that tests and
+// benchmarks/ab_deform_conv2d.py reach either at any shape.
 int forward_override() {
-  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_FORWARD");
-  if (v == nullptr) return 0;
-  if (std::strcmp(v, "direct") == 0) return 1;
-  return std::strcmp(v, "columns") == 0 ? -1 : 0;
+  return env_override("CUSTOMOPS_TEST_DEFORM_FORWARD", "direct", "columns");
 }
 
-// Test hook: CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1 or =0, read per call, forces grouped_gemm on
-// or off; 0 where unset.
+// Test hook: CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=1 or =0 forces grouped_gemm on or off.
 int grouped_gemm_override() {
-  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM");
-  if (v == nullptr) return 0;
-  if (std::strcmp(v, "1") == 0) return 1;
-  return std::strcmp(v, "0") == 0 ? -1 : 0;
+  return env_override("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM", "1", "0");
 }
 
 // Whether the columns forward of a grouped layer (NCHW output) takes chunks of whole images and
@@ -1487,6 +1488,11 @@ int64_t direct_tiles_n(const DeformConv2dGeometry& g) {
   return ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
 }
 
+// The direct kernel's blocks over `images` images of the layer.
+int64_t direct_blocks(const DeformConv2dGeometry& g, int64_t images) {
+  return ceil_div(images * g.out_pixels(), kDirectPixels) * g.groups * direct_tiles_n(g);
+}
+
 // Whether the direct kernel's grid holds the layer: grid.y = groups * blocks per group, and
 // launches of whole images below 2^31 pixels.
 bool direct_fits(const DeformConv2dGeometry& g) {
@@ -1518,8 +1524,7 @@ bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
       !direct_fits(g)) {
     return false;
   }
-  const int64_t blocks = ceil_div(g.batch * g.out_pixels(), kDirectPixels) * g.groups * direct_tiles_n(g);
-  return blocks >= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return direct_blocks(g, g.batch) >= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
 // The direct forward of a chunk's images (direct_fits; xs: their channels-last copy), in launches
@@ -1567,7 +1572,7 @@ void launch_direct(
     constexpr int RN = decltype(rn_c)::value, V = decltype(vw)::value;
     const auto kernel = deform_conv2d_direct_kernel<T, RN, V, 1>;
     if constexpr (std::is_same<T, float>::value) {
-      const int64_t blocks = ceil_div(ch.nb * P, kDirectPixels) * g.groups * L.tiles_n;
+      const int64_t blocks = direct_blocks(g, ch.nb);
       const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       const auto bounded = deform_conv2d_direct_kernel<T, RN, V, 3>;
       const int most = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDirectThreads);
@@ -1707,15 +1712,14 @@ void forward_impl(
       if (ch.p0 == 0) xs = o.images<T>(ch);
       launch_im2col<T>(o, g, ch, xs, col);
       const int64_t rows = ch.rows();
-      at::Tensor dst = strided(
-          nhwc ? out : buf, nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0, {rows, g.out_channels},
-          {g.out_channels, 1});
+      // The chunk's rows: of the output itself, or of the buffer.
+      at::Tensor& rows_of = nhwc ? out : buf;
+      const int64_t first = nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0;
+      at::Tensor dst = strided(rows_of, first, {rows, g.out_channels}, {g.out_channels, 1});
       if (g.groups == 1) {
         matmul_into(dst, strided(col, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
       } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the rows
-        at::Tensor dst_g = strided(
-            nhwc ? out : buf, nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0, {g.groups, rows, Cg},
-            {Cg, g.out_channels, 1});
+        at::Tensor dst_g = strided(rows_of, first, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
         matmul_into(dst_g, strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, nhwc && b.defined());
       }
       if (nhwc) continue;
