@@ -708,7 +708,7 @@ def test_cuda_depthwise_direct_failed_launch_is_a_runtime_error_naming_it(monkey
 # short last one), slices of 32 channels and a shorter last (80 per group), offset groups of 20
 # channels in 40-channel groups (stages end at offset groups), 3 channels per group across
 # 2-channel offset groups (one channel per load), an offset group over two groups, 8-channel offset
-# groups in 12-channel groups, blocks of 128 pixels across images, stride,
+# groups in 12-channel groups, several groups per block, blocks of 128 pixels across images, stride,
 # dilation, no mask and no bias, 5x5 taps; images whose channels-last copies go in chunks (48 MB:
 # float32 2 + 1 images, float64 one each).
 DIRECT_CONFIGS = {
@@ -737,6 +737,12 @@ DIRECT_CONFIGS = {
         bias=False,
     ),
     "images_in_chunks": dict(B=3, C=1024, H=72, W=72, C_out=8, groups=1, og=1),
+    # Several groups per block (direct_tiling): 4 groups of 8 (float64: 2), 2 groups of 16, 4 groups of
+    # 8 inputs and 4 outputs over 2 offset groups, 8 groups of one input channel and 2 outputs.
+    "groups_per_block": dict(B=2, C=32, H=9, W=10, C_out=32, groups=4, og=1),
+    "two_groups_per_block": dict(B=3, C=64, H=7, W=6, C_out=64, groups=4, og=1),
+    "groups_per_block_offset_groups": dict(B=2, C=64, H=7, W=9, C_out=32, groups=8, og=2),
+    "groups_of_one_channel": dict(B=2, C=16, H=8, W=7, C_out=32, groups=16, og=1),
 }
 
 
@@ -764,32 +770,37 @@ def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
     assert_launch_fails("deform_conv2d_direct_kernel", setup, "customops.deform_conv2d(x, off, w, padding=1)")
 
 
-# The default dispatch (direct_forward): the direct kernel for IEEE float32 layers of several
-# groups of 8 to 32 output channels over several images, with a block per SM; the columns
-# elsewhere, TF32 included.
+# The default dispatch (direct_forward): the direct kernel for grouped layers of at most 32 output
+# channels per group in IEEE float32, 16 in TF32, and in 16 bits one input channel and at most 4
+# outputs per group, with the blocks' slots at least half used and 4 blocks per SM; the columns
+# elsewhere. `blocks`: the direct kernel's grid.
 @needs_cuda
 @pytest.mark.parametrize(
-    "dtype, tf32, C_out, groups, B, kernel",
+    "dtype, tf32, C_out, groups, B, blocks, kernel",
     [
-        (torch.float32, False, 128, 4, 16, "deform_conv2d_direct_kernel"),  # 32 per group
-        (torch.float32, False, 32, 4, 16, "deform_conv2d_direct_kernel"),  # 8 per group
-        (torch.float32, True, 32, 4, 16, "deform_conv2d_im2col_kernel"),  # TF32
-        (torch.float32, False, 256, 4, 16, "deform_conv2d_im2col_kernel"),  # 64 per group
-        (torch.float32, False, 16, 4, 16, "deform_conv2d_im2col_kernel"),  # 4 per group
-        (torch.float32, False, 16, 1, 16, "deform_conv2d_im2col_kernel"),  # one group
-        (torch.float32, False, 128, 4, 1, "deform_conv2d_im2col_kernel"),  # one image
-        (torch.float16, False, 128, 4, 16, "deform_conv2d_im2col_kernel"),  # tensor cores
-        (torch.bfloat16, False, 128, 4, 16, "deform_conv2d_im2col_kernel"),
-        (torch.float64, False, 128, 4, 16, "deform_conv2d_im2col_kernel"),
+        (torch.float32, False, 128, 4, 32, 1024, "deform_conv2d_direct_kernel"),  # 32 per group
+        (torch.float32, False, 32, 4, 64, 1024, "deform_conv2d_direct_kernel"),  # 8 per group, 2 a block
+        (torch.float32, True, 32, 4, 64, 1024, "deform_conv2d_direct_kernel"),  # TF32, 8 per group
+        (torch.float16, False, 128, 64, 16, 1024, "deform_conv2d_direct_kernel"),  # 2 per group, 8 a block
+        (torch.float32, True, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # TF32, 32 per group
+        (torch.float32, False, 256, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # 64 per group
+        (torch.float32, False, 16, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, one a block
+        (torch.float32, False, 16, 1, 32, 256, "deform_conv2d_im2col_kernel"),  # one group
+        (torch.float32, False, 128, 4, 1, 32, "deform_conv2d_im2col_kernel"),  # one image: 32 blocks
+        (torch.float16, False, 64, 16, 32, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, 4 inputs
+        (torch.float16, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # tensor cores
+        (torch.bfloat16, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),
+        (torch.float64, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),
     ],
 )
-def test_cuda_default_forward_takes_the_direct_kernel_where_it_wins(dtype, tf32, C_out, groups, B, kernel, monkeypatch):
+def test_cuda_default_forward_takes_the_direct_kernel_where_it_wins(
+    dtype, tf32, C_out, groups, B, blocks, kernel, monkeypatch
+):
     monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_FORWARD", raising=False)
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
-    # 512 blocks of the direct kernel: the layers meant for it need one per SM.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if "direct" in kernel and B * 32 * 32 // 128 * groups < sms:
-        pytest.skip(f"the layer has fewer blocks of the direct kernel than this GPU's {sms} SMs")
+    if "direct" in kernel and blocks < 4 * sms:
+        pytest.skip(f"the layer has fewer than 4 blocks of the direct kernel per SM of this GPU's {sms}")
     kw = _inputs(B=B, C=64, H=32, W=32, C_out=C_out, groups=groups, og=1, scale=1.5)
     gpu = {k: (v.to(device="cuda", dtype=dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
     _ran_kernel(kernel, customops.deform_conv2d, gpu)

@@ -740,13 +740,14 @@ __global__ void deform_conv2d_depthwise_tile_kernel(
 
 // Narrow groups: the forward as an implicit GEMM on CUDA cores, with no columns, no GEMM call
 // and no transposes. A block takes kDirectPixels output pixels of the launch's images (flattened
-// image * P + pixel) and 8 * RN output channels of one group. Per stage, a tap and a slice of at
-// most kc channels of one offset group: the pixels' sampling points (shared memory, computed once
-// per tap and offset group), their blended samples in opmath (kc x kDirectPixels, adjacent threads
-// on adjacent 16-byte runs of one pixel's channels), and the weight's slice beside them; then each
-// thread adds the products of 4 pixels and RN output channels in registers. Where a group's output
-// channels are few, the columns' round trip through memory and cuBLAS's narrow tiles cost more
-// than the arithmetic (direct_forward says where).
+// image * P + pixel) and 8 * RN output channels: of one group, or all those of L.gb adjacent groups
+// whose input channels fit one stage (direct_tiling). Per stage, a tap and a slice of at most kc
+// channels of one offset group: the pixels' sampling points (shared memory, computed once per tap
+// and offset group), their blended samples in opmath (kc x kDirectPixels, adjacent threads on
+// adjacent 16-byte runs of one pixel's channels), and the weight's slice beside them; then each
+// thread adds the products of 4 pixels and RN output channels of one group in registers. Where a
+// group's output channels are few, the columns' round trip through memory and cuBLAS's narrow
+// tiles cost more than the arithmetic (direct_forward says where).
 constexpr int kDirectPixels = 128;
 constexpr int kDirectSlots = 8;  // warps: output-channel slots of RN channels each
 constexpr int kDirectThreads = 32 * kDirectSlots;
@@ -767,7 +768,8 @@ struct DirectLayout {
   int64_t b0;       // the launch's first image
   int64_t x0;       // the first image in xs
   uint32_t pixels;  // output pixels of the launch's images (below 2^31)
-  int tiles_n;      // blocks per group along its output channels: grid.y = groups * tiles_n
+  int gb;           // groups per block (several: one stage of all their channels per tap)
+  int tiles_n;      // blocks per gb groups along their output channels: grid.y = groups / gb * tiles_n
   Divider P, out_w, kw;
   bool nhwc;  // a channels_last output
 };
@@ -784,11 +786,13 @@ __global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_dire
   const DeformConv2dGeometry& g = L.g;
   const int64_t C = g.in_channels, Cg = g.in_per_group(), Cog = g.in_per_offset_group(), Ng = g.out_per_group();
   const int64_t taps = g.taps(), P = g.out_pixels(), plane = g.height * g.width;
-  const int gi = static_cast<int>(blockIdx.y) / L.tiles_n;
+  const int64_t gi = static_cast<int64_t>(blockIdx.y / L.tiles_n) * L.gb;  // the block's first group
   const int64_t n0 = static_cast<int64_t>(blockIdx.y % L.tiles_n) * TN;
   const uint32_t t0 = blockIdx.x * static_cast<uint32_t>(TP);
   const int px = threadIdx.x % 32, slot = threadIdx.x / 32;
-  const T* wg = w + gi * taps * Cg * Ng;  // the group's weight, (taps, Cg, Ng)
+  const T* wg = w + gi * taps * Cg * Ng;  // the groups' weights, (gb, taps, Cg, Ng)
+  // The stage's channels this thread's outputs read: those of its group (RN divides Ng where gb > 1).
+  const int gl = L.gb > 1 ? slot * RN / static_cast<int>(Ng) : 0;
   A acc[4][RN];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
@@ -798,9 +802,9 @@ __global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_dire
   int64_t point_og = -1;
   for (int64_t k = 0; k < taps; ++k) {
     point_og = -1;
-    for (int64_t c0 = 0; c0 < Cg;) {
+    for (int64_t c0 = 0; c0 < Cg * L.gb;) {
       const int64_t cin = gi * Cg + c0, og = cin / Cog;
-      const int kc = static_cast<int>(std::min<int64_t>({KC, Cg - c0, (og + 1) * Cog - cin}));
+      const int kc = static_cast<int>(std::min<int64_t>({KC, Cg * L.gb - c0, (og + 1) * Cog - cin}));
       __syncthreads();  // the previous stage's shared memory is read
       if (og != point_og) {
         point_og = og;
@@ -840,13 +844,23 @@ __global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_dire
 #pragma unroll
         for (int j = 0; j < V; ++j) smp[cv + j][i] = s[j];
       }
-      for (int e = threadIdx.x; e < TN * kc; e += kDirectThreads) {  // output channels fastest
-        const int c = e / TN, n = e - c * TN;
-        wsm[c][n] = n0 + n < Ng ? static_cast<A>(wg[(k * Cg + c0 + c) * Ng + n0 + n]) : A(0);
+      if (L.gb == 1) {
+        for (int e = threadIdx.x; e < TN * kc; e += kDirectThreads) {  // output channels fastest
+          const int c = e / TN, n = e - c * TN;
+          wsm[c][n] = n0 + n < Ng ? static_cast<A>(wg[(k * Cg + c0 + c) * Ng + n0 + n]) : A(0);
+        }
+      } else {  // (c0 = 0, kc = gb * Cg) each group's block of the diagonal: the rest is not read
+        const int cg = static_cast<int>(Cg), ng = static_cast<int>(Ng);
+        for (int e = threadIdx.x; e < kc * ng; e += kDirectThreads) {
+          const int c = e / ng, m = e - c * ng, h = c / cg;
+          wsm[c][h * ng + m] = static_cast<A>(wg[((h * taps + k) * Cg + c - h * cg) * Ng + m]);
+        }
       }
       __syncthreads();
+      const int c_lo = L.gb > 1 ? gl * static_cast<int>(Cg) : 0;
+      const int c_n = L.gb > 1 ? static_cast<int>(Cg) : kc;
 #pragma unroll 4
-      for (int c = 0; c < kc; ++c) {
+      for (int c = c_lo; c < c_lo + c_n; ++c) {
         A a[4], b[RN];
 #pragma unroll
         for (int q = 0; q < 4; ++q) a[q] = smp[c][px + 32 * q];
@@ -870,7 +884,7 @@ __global__ void __launch_bounds__(kDirectThreads, kMinBlocks) deform_conv2d_dire
 #pragma unroll
     for (int j = 0; j < RN; ++j) {
       const int64_t n = n0 + slot * RN + j;
-      if (n >= Ng) break;
+      if (n >= Ng * L.gb) break;
       const int64_t co = gi * Ng + n;
       const A v = acc[q][j] + (bias ? static_cast<A>(bias[co]) : A(0));
       out[L.nhwc ? (b * P + p) * g.out_channels + co : (b * g.out_channels + co) * P + p] = static_cast<T>(v);
@@ -1483,48 +1497,79 @@ int direct_channels_per_thread(int64_t out_per_group) {
   return 8;
 }
 
-// The direct kernel's blocks along a group's output channels.
-int64_t direct_tiles_n(const DeformConv2dGeometry& g) {
-  return ceil_div(g.out_per_group(), kDirectSlots * direct_channels_per_thread(g.out_per_group()));
+// The direct kernel's tiling of a layer: RN output channels per thread, gb groups per block and
+// tiles_n blocks along their output channels.
+struct DirectTiling {
+  int rn, gb;
+  int64_t tiles_n;
+};
+
+// Several groups per block where their outputs fill the block's 8 * RN exactly, RN dividing a
+// group's outputs (a thread's channels in one group), and their input channels make one stage of
+// one offset group: each block then blends all the samples its outputs need, once. Else a group per
+// block (groups of under 8 * RN outputs leave slots idle). Forwards, a group per block's time over
+// several's (H200, the A/B of direct_forward): ResNeXt-101 32x4d's c3 stage (4 groups of 8 a block)
+// 1.98-2.03x in float32, 1.50-1.51x in 16 bits; c4 (2 of 16) 1.18-1.20x in float32 but 0.80-0.82x
+// in 16 bits (not taken there by default); 128 groups of one input channel 3.3-5.3x.
+DirectTiling direct_tiling(const DeformConv2dGeometry& g, at::ScalarType dtype) {
+  const int64_t Cg = g.in_per_group(), Ng = g.out_per_group();
+  const int64_t kc = dtype == at::kDouble ? direct_slice<double>() : direct_slice<float>();
+  for (int rn : {4, 2}) {
+    const int64_t tn = kDirectSlots * rn, gb = tn / Ng;
+    if (tn % Ng == 0 && Ng % rn == 0 && gb > 1 && gb * Cg <= kc && g.groups % gb == 0 &&
+        g.in_per_offset_group() % (gb * Cg) == 0) {
+      return {rn, static_cast<int>(gb), 1};
+    }
+  }
+  const int rn = direct_channels_per_thread(Ng);
+  return {rn, 1, ceil_div(Ng, kDirectSlots * rn)};
 }
 
 // The direct kernel's blocks over `images` images of the layer.
-int64_t direct_blocks(const DeformConv2dGeometry& g, int64_t images) {
-  return ceil_div(images * g.out_pixels(), kDirectPixels) * g.groups * direct_tiles_n(g);
+int64_t direct_blocks(const DeformConv2dGeometry& g, at::ScalarType dtype, int64_t images) {
+  const DirectTiling t = direct_tiling(g, dtype);
+  return ceil_div(images * g.out_pixels(), kDirectPixels) * (g.groups / t.gb) * t.tiles_n;
 }
 
 // Whether the direct kernel's grid holds the layer: grid.y = groups * blocks per group, and
 // launches of whole images below 2^31 pixels.
-bool direct_fits(const DeformConv2dGeometry& g) {
-  return g.groups * direct_tiles_n(g) <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2 &&
+bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
+  const DirectTiling t = direct_tiling(g, dtype);
+  return g.groups / t.gb * t.tiles_n <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2 &&
          g.taps() <= std::numeric_limits<int32_t>::max();
 }
 
-// Where the direct forward is taken (layers that are not depthwise): IEEE float32 layers (no
-// TF32 for matmuls) of several groups of 8 to 32 output channels, over several images, with at
-// least one block per SM. Against the columns through grouped_gemm (forwards on an H100,
-// benchmarks/results/deform_conv2d_ab_direct_variants_NVIDIA_H100_2026-12-05.md): there
-// 1.01-1.18x (ResNeXt detectors' DCN stages 1.03-1.18x); in TF32, 0.83-1.05x, so TF32 takes the
-// columns. Against the columns of a GEMM per image, the earlier A/Bs (--narrow and --grouped,
-// docs/deform_conv2d.md), columns time over direct time:
-// - there, 1.06-2.84x in IEEE float32 and TF32 (ResNeXt detectors' DCN stages 1.06-1.58x);
-// - 64 output channels per group: 0.58-0.74x (2 groups, 128x128 images), and 2 per group 0.66x
-//   in IEEE float32 (a block computes 16 channels or more, one slot per warp);
-// - one image: 0.32-0.93x (one chunk of columns, where the columns of several images of a
-//   grouped layer go image by image);
-// - one group: at most 1.08x, and down to 0.19x;
-// - float16 and bfloat16: 0.38-0.84x at 7 of the 8 grouped layers of several images, where
-//   cuBLAS's GEMMs run on tensor cores (the direct kernel multiplies in float32 on CUDA cores),
-//   though 1.4-3.7x at 4 groups of 32x32 images.
+// Where the direct forward is taken (layers that are not depthwise): grouped layers whose groups'
+// output channels are few for the dtype's GEMM (per blended sample, the direct kernel adds that
+// many float32 products on CUDA cores, where the columns write and reread it for cuBLAS), with
+// its blocks' output slots at least half used (8 or more outputs, or several groups a block) and
+// at least 4 blocks per SM (2 or 3 are resident at once: fewer leave a partial wave). Forwards
+// against the columns through grouped_gemm, columns time over direct time (H200 and H100,
+// benchmarks/results/deform_conv2d_ab_direct_groups_per_block_*_2026-12-05.md):
+// - IEEE float32, up to 32 outputs per group: ResNeXt-101's DCN stages c3 2.05-2.11x and c4
+//   1.35-1.39x (of one image 2.52-2.54x and 1.31-1.34x), c5 0.94-1.03x, 8 groups of 32 1.07-1.14x,
+//   groups of 1 to 4 input channels 2.21-2.63x; c5 of one image (288 blocks) 0.89-0.91x and one
+//   32x32 image (32 blocks) 0.43-0.53x, where the block count sends them to the columns;
+// - TF32, up to 16: c3 1.91-1.96x, c4 1.17-1.26x (of one image 0.95-1.04x), groups of 1 to 4
+//   input channels 2.21-2.43x; 32 per group 0.71-1.00x;
+// - float16 and bfloat16: 2.0-2.2x and 1.3-1.4x at one input channel and 2 or 4 outputs per group,
+//   where cuBLAS's GEMMs have K = taps; 0.69-0.72x at 4 channels in and out, 0.30-0.61x at 8 to
+//   64 outputs, where they run on tensor cores;
+// - one group: at most 1.08x, and down to 0.19x (an earlier A/B, docs/deform_conv2d.md).
 // float64 stays on the columns (not measured).
 bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
-  if (const int forced = forward_override()) return forced > 0 && direct_fits(g);
+  if (const int forced = forward_override()) return forced > 0 && direct_fits(g, dtype);
   const int64_t n = g.out_per_group();
-  if (dtype != at::kFloat || cuda::matmul_allows_tf32() || g.groups == 1 || g.batch == 1 || n < 8 || n > 32 ||
-      !direct_fits(g)) {
+  bool narrow = false;
+  if (dtype == at::kFloat) {
+    narrow = n <= (cuda::matmul_allows_tf32() ? 16 : 32);
+  } else if (dtype == at::kHalf || dtype == at::kBFloat16) {
+    narrow = g.in_per_group() == 1 && n <= 4;
+  }
+  if (g.groups == 1 || !narrow || !direct_fits(g, dtype) || (direct_tiling(g, dtype).gb == 1 && n < 8)) {
     return false;
   }
-  return direct_blocks(g, g.batch) >= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return direct_blocks(g, dtype, g.batch) >= 4 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
 // The direct forward of a chunk's images (direct_fits; xs: their channels-last copy), in launches
@@ -1535,10 +1580,12 @@ void launch_direct(
     at::Tensor& out) {
   static_assert(kDirectThreads == cuda::kThreads, "the failed-launch hook's block size");
   const int64_t P = g.out_pixels();
-  const int rn = direct_channels_per_thread(g.out_per_group());
+  const DirectTiling tiling = direct_tiling(g, xs.scalar_type());
+  const int rn = tiling.rn;
   DirectLayout L;
   L.g = g;
-  L.tiles_n = static_cast<int>(direct_tiles_n(g));
+  L.gb = tiling.gb;
+  L.tiles_n = static_cast<int>(tiling.tiles_n);
   L.P = Divider(static_cast<uint32_t>(P));
   L.out_w = Divider(static_cast<uint32_t>(g.out_w));
   L.kw = Divider(static_cast<uint32_t>(g.kw));
@@ -1554,7 +1601,7 @@ void launch_direct(
       L.b0 = b0;
       L.pixels = static_cast<uint32_t>(std::min(per_launch, ch.b0 + ch.nb - b0) * P);
       const dim3 grid(
-          static_cast<unsigned>(ceil_div(L.pixels, kDirectPixels)), static_cast<unsigned>(g.groups * L.tiles_n));
+          static_cast<unsigned>(ceil_div(L.pixels, kDirectPixels)), static_cast<unsigned>(g.groups / L.gb * L.tiles_n));
       kernel<<<grid, cuda::block_size("deform_conv2d_direct_kernel"), 0, at::cuda::getCurrentCUDAStream()>>>(
           xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), o.w.const_data_ptr<T>(),
           b.defined() ? b.const_data_ptr<T>() : nullptr, L, out.data_ptr<T>());
@@ -1572,7 +1619,7 @@ void launch_direct(
     constexpr int RN = decltype(rn_c)::value, V = decltype(vw)::value;
     const auto kernel = deform_conv2d_direct_kernel<T, RN, V, 1>;
     if constexpr (std::is_same<T, float>::value) {
-      const int64_t blocks = direct_blocks(g, ch.nb);
+      const int64_t blocks = direct_blocks(g, xs.scalar_type(), ch.nb);
       const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       const auto bounded = deform_conv2d_direct_kernel<T, RN, V, 3>;
       const int most = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDirectThreads);
