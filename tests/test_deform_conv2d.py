@@ -737,8 +737,9 @@ DIRECT_CONFIGS = {
         bias=False,
     ),
     "images_in_chunks": dict(B=3, C=1024, H=72, W=72, C_out=8, groups=1, og=1),
-    # Several groups per block (direct_tiling): 4 groups of 8 (float64: 2), 2 groups of 16, 4 groups of
-    # 8 inputs and 4 outputs over 2 offset groups, 8 groups of one input channel and 2 outputs.
+    # Several groups per block (direct_tiling; float64's stages of 16 channels hold fewer): 4 groups of
+    # 8 (float64: 2), 2 groups of 16 (float64: 1), 4 groups of 8 inputs and 4 outputs over 2 offset
+    # groups (float64: 1), 8 groups of one input channel and 2 outputs.
     "groups_per_block": dict(B=2, C=32, H=9, W=10, C_out=32, groups=4, og=1),
     "two_groups_per_block": dict(B=3, C=64, H=7, W=6, C_out=64, groups=4, og=1),
     "groups_per_block_offset_groups": dict(B=2, C=64, H=7, W=9, C_out=32, groups=8, og=2),
@@ -771,9 +772,10 @@ def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
 
 
 # The default dispatch (direct_forward): the direct kernel for grouped layers of at most 32 output
-# channels per group in IEEE float32, 16 in TF32, and in 16 bits one input channel and at most 4
-# outputs per group, with the blocks' slots at least half used and 4 blocks per SM; the columns
-# elsewhere. `blocks`: the direct kernel's grid.
+# channels per group in IEEE float32, 16 in TF32 (several groups a block), and in 16 bits one input
+# channel and at most 4 outputs per group, with the blocks' slots at least half used and 4 blocks
+# per SM; the columns elsewhere. `blocks`: the direct kernel's grid, over 4 per SM (the H100's and
+# H200's 132 SMs) where the row expects the columns for another reason.
 @needs_cuda
 @pytest.mark.parametrize(
     "dtype, tf32, C_out, groups, B, blocks, kernel",
@@ -783,11 +785,12 @@ def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
         (torch.float32, True, 32, 4, 64, 1024, "deform_conv2d_direct_kernel"),  # TF32, 8 per group
         (torch.float16, False, 128, 64, 16, 1024, "deform_conv2d_direct_kernel"),  # 2 per group, 8 a block
         (torch.float32, True, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # TF32, 32 per group
+        (torch.float32, True, 32, 2, 64, 1024, "deform_conv2d_im2col_kernel"),  # TF32, 16 per group, one a block
         (torch.float32, False, 256, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # 64 per group
         (torch.float32, False, 16, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, one a block
-        (torch.float32, False, 16, 1, 32, 256, "deform_conv2d_im2col_kernel"),  # one group
+        (torch.float32, False, 16, 1, 128, 1024, "deform_conv2d_im2col_kernel"),  # one group
         (torch.float32, False, 128, 4, 1, 32, "deform_conv2d_im2col_kernel"),  # one image: 32 blocks
-        (torch.float16, False, 64, 16, 32, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, 4 inputs
+        (torch.float16, False, 64, 16, 64, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, 4 inputs
         (torch.float16, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # tensor cores
         (torch.bfloat16, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),
         (torch.float64, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),
@@ -829,17 +832,18 @@ def _ran_kernel(kernel, fn, kwargs):
 
 
 @needs_cuda
-def test_cuda_direct_float32_takes_its_bounded_build_past_one_wave(monkeypatch):
-    # float32: a grid that one wave of the direct kernel holds (one image: 32 blocks) runs its
-    # build of unbounded registers, a larger one (32 images: 1024 blocks) the build bounded to 3
-    # blocks per SM, where that build fits more blocks per SM (the H100's and H200's sm_90);
-    # both against the CPU.
+@pytest.mark.parametrize("C_out", [128, 32], ids=["a_group_a_block", "two_groups_a_block"])
+def test_cuda_direct_float32_takes_its_bounded_build_past_one_wave(C_out, monkeypatch):
+    # float32: a grid that one wave of the direct kernel holds (one image: 32 or 16 blocks) runs its
+    # build of unbounded registers, a larger one (32 images: 1024 or 512 blocks) the build bounded
+    # to 3 blocks per SM, where that build fits more blocks per SM (the H100's and H200's sm_90);
+    # both against the CPU, with a group a block (32 outputs per group) and two (8).
     if torch.cuda.get_device_properties(0).multi_processor_count < 16:
         pytest.skip("one wave of the unbounded build holds fewer than 32 blocks on this GPU")
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "direct")
     names = {}
     for B in (1, 32):
-        kw = _inputs(B=B, C=64, H=32, W=32, C_out=128, groups=4, og=1, scale=1.5, dtype=torch.float32)
+        kw = _inputs(B=B, C=64, H=32, W=32, C_out=C_out, groups=4, og=1, scale=1.5, dtype=torch.float32)
         _cuda_vs_cpu(kw, torch.float32, *CUDA_TOL[torch.float32])
         gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
         _, ran = _kernel_names(customops.deform_conv2d, gpu)

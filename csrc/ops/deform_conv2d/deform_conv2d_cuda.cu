@@ -1531,7 +1531,7 @@ int64_t direct_blocks(const DeformConv2dGeometry& g, at::ScalarType dtype, int64
   return ceil_div(images * g.out_pixels(), kDirectPixels) * (g.groups / t.gb) * t.tiles_n;
 }
 
-// Whether the direct kernel's grid holds the layer: grid.y = groups * blocks per group, and
+// Whether the direct kernel's grid holds the layer: grid.y = groups / gb * tiles_n, and
 // launches of whole images below 2^31 pixels.
 bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
   const DirectTiling t = direct_tiling(g, dtype);
@@ -1542,16 +1542,18 @@ bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
 // Where the direct forward is taken (layers that are not depthwise): grouped layers whose groups'
 // output channels are few for the dtype's GEMM (per blended sample, the direct kernel adds that
 // many float32 products on CUDA cores, where the columns write and reread it for cuBLAS), with
-// its blocks' output slots at least half used (8 or more outputs, or several groups a block) and
-// at least 4 blocks per SM (2 or 3 are resident at once: fewer leave a partial wave). Forwards
+// its blocks' output slots at least half used (8 or more outputs, or several groups a block; with
+// TF32, several groups a block, where all its wins were) and at least 4 blocks per SM (2 or 3 are
+// resident at once: fewer leave a partial wave). Forwards
 // against the columns through grouped_gemm, columns time over direct time (H200 and H100,
 // benchmarks/results/deform_conv2d_ab_direct_groups_per_block_*_2026-12-05.md):
 // - IEEE float32, up to 32 outputs per group: ResNeXt-101's DCN stages c3 2.05-2.11x and c4
 //   1.35-1.39x (of one image 2.52-2.54x and 1.31-1.34x), c5 0.94-1.03x, 8 groups of 32 1.07-1.14x,
 //   groups of 1 to 4 input channels 2.21-2.63x; c5 of one image (288 blocks) 0.89-0.91x and one
 //   32x32 image (32 blocks) 0.43-0.53x, where the block count sends them to the columns;
-// - TF32, up to 16: c3 1.91-1.96x, c4 1.17-1.26x (of one image 0.95-1.04x), groups of 1 to 4
-//   input channels 2.21-2.43x; 32 per group 0.71-1.00x;
+// - TF32, up to 16 in blocks of several groups: c3 1.91-1.96x, c4 1.17-1.26x (of one image
+//   0.95-1.04x), groups of 1 to 4 input channels 2.21-2.43x; 32 per group 0.71-1.00x; a group a
+//   block, 1.00x at 8 and 16 outputs (4 groups of 64 inputs, 256 blocks) and 0.83-1.05x before;
 // - float16 and bfloat16: 2.0-2.2x and 1.3-1.4x at one input channel and 2 or 4 outputs per group,
 //   where cuBLAS's GEMMs have K = taps; 0.69-0.72x at 4 channels in and out, 0.30-0.61x at 8 to
 //   64 outputs, where they run on tensor cores;
@@ -1560,15 +1562,14 @@ bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
 bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
   if (const int forced = forward_override()) return forced > 0 && direct_fits(g, dtype);
   const int64_t n = g.out_per_group();
+  const int gb = direct_tiling(g, dtype).gb;
   bool narrow = false;
   if (dtype == at::kFloat) {
-    narrow = n <= (cuda::matmul_allows_tf32() ? 16 : 32);
+    narrow = cuda::matmul_allows_tf32() ? n <= 16 && gb > 1 : n <= 32;
   } else if (dtype == at::kHalf || dtype == at::kBFloat16) {
     narrow = g.in_per_group() == 1 && n <= 4;
   }
-  if (g.groups == 1 || !narrow || !direct_fits(g, dtype) || (direct_tiling(g, dtype).gb == 1 && n < 8)) {
-    return false;
-  }
+  if (g.groups == 1 || !narrow || !direct_fits(g, dtype) || (gb == 1 && n < 8)) return false;
   return direct_blocks(g, dtype, g.batch) >= 4 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
