@@ -1553,11 +1553,13 @@ bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
 //   32x32 image (32 blocks) 0.43-0.53x, where the block count sends them to the columns;
 // - TF32, up to 16 in blocks of several groups: c3 1.91-1.96x, c4 1.17-1.26x (of one image
 //   0.95-1.04x), groups of 1 to 4 input channels 2.21-2.43x; 32 per group 0.71-1.00x; a group a
-//   block, 1.00x at 8 and 16 outputs (4 groups of 64 inputs, 256 blocks) and 0.83-1.05x before;
+//   block, 1.00x at 8 and 16 outputs (4 groups of 64 inputs, 256 blocks);
 // - float16 and bfloat16: 2.0-2.2x and 1.3-1.4x at one input channel and 2 or 4 outputs per group,
 //   where cuBLAS's GEMMs have K = taps; 0.69-0.72x at 4 channels in and out, 0.30-0.61x at 8 to
 //   64 outputs, where they run on tensor cores;
-// - one group: at most 1.08x, and down to 0.19x (an earlier A/B, docs/deform_conv2d.md).
+// - one group, IEEE float32: 1.06-1.15x at 8 and 16 outputs, 0.89-1.15x at 32 to 64, 0.28-0.30x
+//   for one 32x32 image (deform_conv2d_ab_direct_narrow_batched_NVIDIA_H100_2026-12-05.md): a
+//   margin too thin to take.
 // float64 stays on the columns (not measured).
 bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
   if (const int forced = forward_override()) return forced > 0 && direct_fits(g, dtype);
