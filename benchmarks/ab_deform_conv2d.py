@@ -114,23 +114,17 @@ def narrow_shapes():
 
 def grouped_shapes():
     """Forward only: grouped layers, where the default may take the direct forward. The DCN
-    stages of ResNeXt-101 32x4d and 64x4d detectors (8 to 32 channels per group, 800 x 1344
-    images, batch 2 and 1), a few groups of 32 to 64 channels, 1 to 4 channels per group, and
-    grouped layers of a single small image (fewer blocks than SMs); every dtype."""
+    stages of ResNeXt-101 32x4d and 64x4d detectors (the benchmark's ``--shapes grouped``, at
+    batch 2 and 1), a few groups of 32 to 64 channels, 1 to 4 channels per group, and grouped
+    layers of a single small image (fewer blocks than SMs); every dtype."""
     import torch
 
     from bench_deform_conv2d import TF32, Shape
+    from bench_deform_conv2d import grouped_shapes as detector_stages
 
     out = []
     for dtype in (torch.float32, TF32, torch.float16, torch.bfloat16):
-        out += [
-            Shape(2, 256, 100, 168, 256, 32, 1, dtype, False, note="ResNeXt 32x4d c3"),
-            Shape(2, 512, 50, 84, 512, 32, 1, dtype, False, note="ResNeXt 32x4d c4"),
-            Shape(2, 1024, 25, 42, 1024, 32, 1, dtype, False, note="ResNeXt 32x4d c5"),
-            Shape(1, 256, 100, 168, 256, 32, 1, dtype, False, note="ResNeXt 32x4d c3, one image"),
-            Shape(1, 512, 50, 84, 512, 32, 1, dtype, False, note="ResNeXt 32x4d c4, one image"),
-            Shape(1, 1024, 25, 42, 1024, 32, 1, dtype, False, note="ResNeXt 32x4d c5, one image"),
-            Shape(2, 2048, 25, 42, 2048, 64, 1, dtype, False, note="ResNeXt 64x4d c5"),
+        out += detector_stages(dtype, (2, 1)) + [
             Shape(4, 96, 56, 56, 96, 3, 3, dtype, False, note="32 channels per group"),
             Shape(8, 256, 64, 64, 256, 8, 1, dtype, False, note="32 channels per group"),
             Shape(2, 128, 128, 128, 128, 2, 1, dtype, False, note="64 channels per group"),

@@ -1525,16 +1525,14 @@ DirectTiling direct_tiling(const DeformConv2dGeometry& g, at::ScalarType dtype) 
   return {rn, 1, ceil_div(Ng, kDirectSlots * rn)};
 }
 
-// The direct kernel's blocks over `images` images of the layer.
-int64_t direct_blocks(const DeformConv2dGeometry& g, at::ScalarType dtype, int64_t images) {
-  const DirectTiling t = direct_tiling(g, dtype);
+// The direct kernel's blocks over `images` images of the layer, tiled as t.
+int64_t direct_blocks(const DeformConv2dGeometry& g, const DirectTiling& t, int64_t images) {
   return ceil_div(images * g.out_pixels(), kDirectPixels) * (g.groups / t.gb) * t.tiles_n;
 }
 
 // Whether the direct kernel's grid holds the layer: grid.y = groups / gb * tiles_n, and
 // launches of whole images below 2^31 pixels.
-bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
-  const DirectTiling t = direct_tiling(g, dtype);
+bool direct_fits(const DeformConv2dGeometry& g, const DirectTiling& t) {
   return g.groups / t.gb * t.tiles_n <= 65535 && g.out_pixels() < std::numeric_limits<int32_t>::max() / 2 &&
          g.taps() <= std::numeric_limits<int32_t>::max();
 }
@@ -1562,17 +1560,17 @@ bool direct_fits(const DeformConv2dGeometry& g, at::ScalarType dtype) {
 //   margin too thin to take.
 // float64 stays on the columns (not measured).
 bool direct_forward(const DeformConv2dGeometry& g, at::ScalarType dtype) {
-  if (const int forced = forward_override()) return forced > 0 && direct_fits(g, dtype);
+  const DirectTiling t = direct_tiling(g, dtype);
+  if (const int forced = forward_override()) return forced > 0 && direct_fits(g, t);
   const int64_t n = g.out_per_group();
-  const int gb = direct_tiling(g, dtype).gb;
   bool narrow = false;
   if (dtype == at::kFloat) {
-    narrow = cuda::matmul_allows_tf32() ? n <= 16 && gb > 1 : n <= 32;
+    narrow = cuda::matmul_allows_tf32() ? n <= 16 && t.gb > 1 : n <= 32;
   } else if (dtype == at::kHalf || dtype == at::kBFloat16) {
     narrow = g.in_per_group() == 1 && n <= 4;
   }
-  if (g.groups == 1 || !narrow || !direct_fits(g, dtype) || (gb == 1 && n < 8)) return false;
-  return direct_blocks(g, dtype, g.batch) >= 4 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  if (g.groups == 1 || !narrow || !direct_fits(g, t) || (t.gb == 1 && n < 8)) return false;
+  return direct_blocks(g, t, g.batch) >= 4 * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
 }
 
 // The direct forward of a chunk's images (direct_fits; xs: their channels-last copy), in launches
@@ -1622,7 +1620,7 @@ void launch_direct(
     constexpr int RN = decltype(rn_c)::value, V = decltype(vw)::value;
     const auto kernel = deform_conv2d_direct_kernel<T, RN, V, 1>;
     if constexpr (std::is_same<T, float>::value) {
-      const int64_t blocks = direct_blocks(g, xs.scalar_type(), ch.nb);
+      const int64_t blocks = direct_blocks(g, tiling, ch.nb);
       const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
       const auto bounded = deform_conv2d_direct_kernel<T, RN, V, 3>;
       const int most = resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDirectThreads);
