@@ -15,12 +15,13 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
 Paths that an environment variable selects, read per call, need one build and one process:
-``interleave ROUNDS [--depthwise | --narrow] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by
+``interleave ROUNDS [--depthwise | --narrow | --grouped | --one-group] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by
 shape, the default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order
 that rotates, so that every variant sees the same machine state. ``--depthwise`` times depthwise
 layers of several networks' sizes instead of the grid; ``--narrow`` the forwards of layers with
 few output channels per group (fwd+bwd columns read nan), ``--grouped`` those of grouped layers
-(ResNeXt detectors' DCN stages among them). ``report FILE A B`` compares any two labels.
+(ResNeXt detectors' DCN stages among them), ``--one-group`` the default shapes of one group (whose
+backward runs the columns' GEMMs over a chunk's rows). ``report FILE A B`` compares any two labels.
 
     python benchmarks/ab_deform_conv2d.py interleave 2 --narrow \
         columns=CUSTOMOPS_TEST_DEFORM_FORWARD=columns direct=CUSTOMOPS_TEST_DEFORM_FORWARD=direct > narrow.txt
@@ -163,6 +164,8 @@ def interleave(rounds, settings):
         pick, settings, backward = narrow_shapes, settings[1:], False
     elif settings and settings[0] == "--grouped":
         pick, settings, backward = grouped_shapes, settings[1:], False
+    elif settings and settings[0] == "--one-group":
+        pick, settings = (lambda: [s for s in shapes() if s.groups == 1]), settings[1:]
     variants = {"old": {}}
     for arg in settings:
         label, _, pairs = arg.partition("=")
