@@ -638,25 +638,6 @@ def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
     _cuda_vs_cpu(_inputs(**config, scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
-@needs_cuda
-@pytest.mark.parametrize("dtype", list(CUDA_TOL))
-@pytest.mark.parametrize("splits", ["1", "2", "8"])
-def test_cuda_grad_weight_in_row_splits_matches_cpu(splits, dtype, monkeypatch):
-    # grad_weight_splits: the chunk's rows (2 images of 32 x 32) in 1, 2 or 8 runs, one batched
-    # GEMM and their sum (CUSTOMOPS_TEST_DEFORM_GW_SPLITS forces the count); the sum's reduction
-    # kernel (torch's, not cuBLAS's own split-K reduction) runs only when the rows are split (no
-    # bias: its gradient is another reduction).
-    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GW_SPLITS", splits)
-    kw = _inputs(B=2, C=16, H=32, W=32, C_out=24, groups=1, og=2, bias=False, scale=1.5)
-    _cuda_vs_cpu(kw, dtype, *CUDA_TOL[dtype])
-    gpu = {k: (v.to("cuda", dtype).requires_grad_(k == "weight") if isinstance(v, torch.Tensor) else v)
-           for k, v in kw.items()}  # fmt: skip
-    out = customops.deform_conv2d(**gpu)
-    _, ran = _kernel_names(lambda: out.backward(torch.ones_like(out)), {})
-    if ran is not None:
-        assert any("at::native::reduce_kernel" in n for n in ran) == (splits != "1"), ran
-
-
 # The tiled depthwise forward: its tiling's edges, against the CPU kernel and bitwise against the
 # direct kernel, its fallback (CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 forces it). One channel (a lane
 # per pixel), tiles across images, several slices, a slice over several offset groups (12 channels

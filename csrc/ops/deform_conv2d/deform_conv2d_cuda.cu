@@ -1739,9 +1739,7 @@ void forward_impl(
   const bool aligned = P * sizeof(T) % 16 == 0;
   const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
   const bool batched_groups = g.groups > 1 && (nhwc || grouped_gemm(g, aligned));
-  const int nchw_forced = env_override("CUSTOMOPS_TEST_DEFORM_NCHW_GEMM", "1", "0");
-  const bool rows_major =
-      nhwc || batched_groups || (g.groups == 1 && !(aligned && (nchw_forced > 0 || sizeof(T) == 2 || one_image)));
+  const bool rows_major = nhwc || batched_groups || (g.groups == 1 && !(aligned && (sizeof(T) == 2 || one_image)));
   if (rows_major) chunks = plan_chunks(g, (K + (nhwc ? 0 : g.out_channels)) * sizeof(T), 0, batched_groups);
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
@@ -1895,47 +1893,6 @@ void depthwise_backward_impl(
   }
 }
 
-// grad_weight's GEMM per chunk, (C_out, rows) x (rows, K), has C_out x K outputs and a long
-// reduction: where its 128 x 128 tiles are fewer than 2 waves on the SMs, the chunk's rows split
-// into s runs (a power of two dividing them, each of at least kMinSplitRows) whose products, one
-// batched GEMM, fill the GPU, and their sum is added into grad_weight. The partial sums (s x C_out
-// x K, opmath) stay within a quarter of the chunk's columns.
-constexpr int64_t kMinSplitRows = 1024;
-
-int64_t grad_weight_splits(const DeformConv2dGeometry& g, int64_t rows, int64_t elem_bytes) {
-  const int64_t K = g.in_channels * g.taps(), C = g.out_channels;
-  if (const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_GW_SPLITS")) {  // test hook: forces s
-    const int64_t s = std::atoll(v);
-    return s > 1 && rows % s == 0 && rows / s >= 256 ? s : 1;
-  }
-  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t tiles = ceil_div(C, 128) * ceil_div(K, 128);
-  const int64_t part_bytes = C * K * (elem_bytes == 8 ? 8 : 4);
-  int64_t s = 1;
-  while (tiles * s < 2 * sms && rows % (2 * s) == 0 && rows / (2 * s) >= kMinSplitRows &&
-         4 * 2 * s * part_bytes <= rows * K * elem_bytes) {
-    s *= 2;
-  }
-  return s;
-}
-
-// gw (+)= gor x cols over the chunk's rows (grad_weight_splits): gor (C_out, rows), rows
-// contiguous; cols (rows, K) contiguous.
-void grad_weight_into(at::Tensor& gw, const at::Tensor& gor, const at::Tensor& cols, int64_t s, bool first) {
-  if (s == 1) return accumulate_into(gw, gor, cols, first);
-  const int64_t C = gor.size(0), rows = gor.size(1), K = cols.size(1), r = rows / s;
-  at::Tensor parts = at::empty({s, C, K}, gw.options());
-  const at::Tensor a = strided(gor, 0, {s, C, r}, {r, gor.stride(0), 1});
-  const at::Tensor b = strided(cols, 0, {s, r, K}, {r * K, K, 1});
-  if (a.scalar_type() == parts.scalar_type()) {
-    at::cuda::bmm_out(parts, a, b);
-  } else {
-    at::cuda::bmm_out(parts, a, b, parts.scalar_type());
-  }
-  if (!first) parts.select(0, 0).add_(gw);
-  at::cuda::sum_out(gw, parts, at::IntArrayRef{0});
-}
-
 template <typename T>
 void backward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& grad_out, const CudaOperands& o, std::array<bool, 5> want,
@@ -2007,7 +1964,7 @@ void backward_impl(
       if (want[2]) {
         launch_im2col<T>(o, g, ch, xs, col);
         at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
-        grad_weight_into(gw, gor, cols, grad_weight_splits(g, rows, sizeof(T)), first);
+        accumulate_into(gw, gor, cols, first);
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
