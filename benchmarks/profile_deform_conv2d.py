@@ -4,7 +4,7 @@ and host work per batch-1 call (1x512x32x32 -> 256, 1x1 and 3x3, float16): wall 
 (200 calls, synchronised once) against F.conv2d's (forward, or forward + backward), and the
 ATen calls by self CPU time.
 
-    python benchmarks/profile_deform_conv2d.py [--top 14]
+    python benchmarks/profile_deform_conv2d.py [--top 14] [--float32]
 
 Per-call microseconds; "events" is the CUDA-event time per call, "kernels" the sum of the
 kernels' times: where events exceed kernels, the host bounds the call.
@@ -117,6 +117,9 @@ def gpu_args(doc, top):
     which GPU and torch run it."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--top", type=int, default=top, help="rows per table")
+    parser.add_argument(
+        "--float32", action="store_true", help="the grid's float32 layers instead, IEEE and TF32, GPU time only"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit(f"{parser.prog}: needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -124,8 +127,26 @@ def gpu_args(doc, top):
     return args
 
 
+def float32_kernels(top):
+    """The grid's three float32 layers, IEEE and with TF32 allowed, forward and forward + backward."""
+    for tf32 in (True, False):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        for shape in [
+            Shape(8, 256, 64, 64, 256, 1, 1, F32, False),
+            Shape(2, 64, 256, 256, 64, 1, 1, F32, False),
+            Shape(16, 512, 32, 32, 512, 1, 1, F32, False),
+        ]:
+            for backward in (False, True):
+                what = "forward + backward" if backward else "forward"
+                name = f"{shape.name()} float32{', TF32' if tf32 else ''} {what}"
+                kernels(name, inputs(shape, grad=backward), backward, top)
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+
 def main():
     args = gpu_args(__doc__, top=14)
+    if args.float32:
+        return float32_kernels(args.top)
     for name, shape, backward in [
         ("float16 forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, False), False),
         ("float16 channels_last forward", Shape(8, 256, 64, 64, 256, 1, 1, F16, True), False),
