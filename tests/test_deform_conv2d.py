@@ -425,6 +425,22 @@ def test_arguments_of_the_wrong_type_raise_type_errors_naming_them(change, messa
         customops.deform_conv2d(**kw)
 
 
+def test_integer_like_geometry_and_values_past_int64():
+    # numpy's ints pass as F.conv2d's do, and give the ints' result; ints past int64 raise
+    # naming the argument, where the op's schema would not name it.
+    np = pytest.importorskip("numpy")
+    kw = _inputs(dtype=torch.float64, H=9, W=9, stride=(2, 2))
+    ref = customops.deform_conv2d(**kw)
+    for stride in (np.int64(2), (np.int32(2), 2), [2, np.int16(2)]):
+        torch.testing.assert_close(customops.deform_conv2d(**dict(kw, stride=stride)), ref, atol=0, rtol=0)
+    with pytest.raises(
+        RuntimeError, match=r"expected stride to be at most 2147483647, but got \[1, 9223372036854775808\]"
+    ):
+        customops.deform_conv2d(**dict(kw, stride=(1, 2**63)))
+    with pytest.raises(RuntimeError, match="expected padding to be >= 0, but got"):
+        customops.deform_conv2d(**dict(kw, padding=-(2**64)))
+
+
 @pytest.mark.parametrize(
     "cls, args, error, message",
     [

@@ -4,6 +4,7 @@ Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd) and the formula:
 csrc/ops/deform_conv2d/.
 """
 
+import operator
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -41,8 +42,9 @@ def deform_conv2d(
     pixels around ``(y, x)``, each 0 outside the image (so a point with ``y <= -1``,
     ``y >= H``, ``x <= -1`` or ``x >= W`` samples 0, and so does a NaN or infinite position, with
     a zero offset gradient: a diverging offset branch does not show in the output, unlike
-    :func:`torch.nn.functional.grid_sample`, which returns NaN there). With zero offsets and no
-    mask it is :func:`torch.nn.functional.conv2d`.
+    :func:`torch.nn.functional.grid_sample`, which returns NaN there). Such a point contributes 0
+    whatever its mask, a NaN or infinite one included (torchvision's op multiplies it in: NaN).
+    With zero offsets and no mask it is :func:`torch.nn.functional.conv2d`.
 
     Args:
         input: ``(B, C_in, H, W)``.
@@ -73,7 +75,8 @@ def deform_conv2d(
 
     Raises:
         TypeError: ``input``, ``offset`` or ``weight`` not a Tensor, ``bias`` or ``mask`` neither
-            a Tensor nor None, or stride, padding or dilation not an int or a sequence of ints.
+            a Tensor nor None, or stride, padding or dilation not an int (or integer-like, as
+            numpy's ints) or a sequence of them.
         RuntimeError: a non-floating dtype, mixed dtypes or devices; a tensor of the wrong
             rank; ``C_in`` not a multiple of ``weight.shape[1]`` or of ``offset_groups``;
             ``C_out`` not a multiple of ``groups``; ``offset.shape[1]`` not a positive multiple
@@ -95,6 +98,7 @@ def deform_conv2d(
     """
     if not torch.jit.is_scripting():  # scripted, the signature's types are checked already
         _check_types(input, offset, weight, bias, mask, stride, padding, dilation)
+        stride, padding, dilation = _ints(stride, "stride"), _ints(padding, "padding"), _ints(dilation, "dilation")
     # Pairs: under torch.compile with dynamic shapes an int argument arrives as a SymInt, which
     # the schema's int[2] does not broadcast.
     return torch.ops.customops.deform_conv2d(
@@ -128,10 +132,39 @@ def _check_types(
         if not isinstance(t, Tensor) and not (t is None and name in ("bias", "mask")):
             raise TypeError(f"customops: expected {name} to be a Tensor, but got {type(t).__name__}")
     for name, v in (("stride", stride), ("padding", padding), ("dilation", dilation)):
-        # SymInts: ints under torch.compile with dynamic shapes. Other lengths: the op's checks name them.
-        ints = isinstance(v, (tuple, list)) and all(isinstance(e, (int, torch.SymInt)) for e in v)
-        if not (isinstance(v, (int, torch.SymInt)) or ints):
+        # SymInts: ints under torch.compile with dynamic shapes; integer-like values (numpy's ints)
+        # as F.conv2d takes them. Other lengths: the op's checks name them.
+        ints = isinstance(v, (tuple, list)) and all(_int_like(e) for e in v)
+        if not (_int_like(v) or ints):
             raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}")
+
+
+def _int_like(v) -> bool:
+    return isinstance(v, (int, torch.SymInt)) or (not isinstance(v, float) and hasattr(type(v), "__index__"))
+
+
+@torch.jit.unused
+def _ints(v: Union[int, Tuple[int, int]], name: str) -> Union[int, Tuple[int, int]]:
+    """v (checked by _check_types) with its integer-like values as ints. Values past int64 raise
+    here, as the op's own checks word it, where the op's schema would refuse them without naming
+    the argument; the op checks the others."""
+
+    def index(e):  # (a SymInt as it is: its __index__ would specialize the compiled graph)
+        return e if isinstance(e, (int, torch.SymInt)) else operator.index(e)
+
+    pair = [index(e) for e in v] if isinstance(v, (tuple, list)) else [index(v)] * 2
+    for e in pair:
+        if isinstance(e, int) and e >= 2**63:
+            raise RuntimeError(f"customops: expected {name} to be at most {_MAX_PARAM}, but got {pair}")
+        if isinstance(e, int) and e < -(2**63):
+            raise RuntimeError(
+                f"customops: expected {name} to be {'>= 0' if name == 'padding' else '>= 1'}, but got {pair}"
+            )
+    return v if _all_ints(v) else (pair[0] if not isinstance(v, (tuple, list)) else tuple(pair))
+
+
+def _all_ints(v) -> bool:
+    return all(isinstance(e, (int, torch.SymInt)) for e in (v if isinstance(v, (tuple, list)) else [v]))
 
 
 def _check_pair(v, name, low, what):
