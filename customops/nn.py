@@ -1,13 +1,14 @@
 """Modules built on customops' ops."""
 
 import math
-import operator
 import sys
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
+
+from .ops.deform_conv2d import _ints
 
 
 class FusedLinearSigmoid(nn.Module):
@@ -105,14 +106,10 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
 
 
 def _pair(v, name: str = "kernel_size") -> Tuple[int, int]:
-    try:
-        if not isinstance(v, (tuple, list)):
-            return (operator.index(v),) * 2
-        if len(v) == 2:
-            return (operator.index(v[0]), operator.index(v[1]))
-    except TypeError:
-        pass
-    raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}")
+    pair = _ints(v, name)
+    if len(pair) != 2:
+        raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}")
+    return pair[0], pair[1]
 
 
 def _check_positive(name: str, v: int) -> None:

@@ -97,7 +97,7 @@ def deform_conv2d(
     go with a float32 input there; outside autocast, mixed dtypes raise.
     """
     if not torch.jit.is_scripting():  # scripted, the signature's types are checked already
-        _check_types(input, offset, weight, bias, mask, stride, padding, dilation)
+        _check_types(input, offset, weight, bias, mask)
         stride, padding, dilation = _ints(stride, "stride"), _ints(padding, "padding"), _ints(dilation, "dilation")
     # Pairs: under torch.compile with dynamic shapes an int argument arrives as a SymInt, which
     # the schema's int[2] does not broadcast.
@@ -118,53 +118,36 @@ def _pair(v: Union[int, Tuple[int, int]]) -> List[int]:
 
 
 @torch.jit.unused
-def _check_types(
-    input: Tensor,
-    offset: Tensor,
-    weight: Tensor,
-    bias: Optional[Tensor],
-    mask: Optional[Tensor],
-    stride: Union[int, Tuple[int, int]],
-    padding: Union[int, Tuple[int, int]],
-    dilation: Union[int, Tuple[int, int]],
-) -> None:
+def _check_types(input: Tensor, offset: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Optional[Tensor]) -> None:
     for name, t in (("input", input), ("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
         if not isinstance(t, Tensor) and not (t is None and name in ("bias", "mask")):
             raise TypeError(f"customops: expected {name} to be a Tensor, but got {type(t).__name__}")
-    for name, v in (("stride", stride), ("padding", padding), ("dilation", dilation)):
-        # SymInts: ints under torch.compile with dynamic shapes; integer-like values (numpy's ints)
-        # as F.conv2d takes them. Other lengths: the op's checks name them.
-        ints = isinstance(v, (tuple, list)) and all(_int_like(e) for e in v)
-        if not (_int_like(v) or ints):
-            raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}")
-
-
-def _int_like(v) -> bool:
-    return isinstance(v, (int, torch.SymInt)) or (not isinstance(v, float) and hasattr(type(v), "__index__"))
 
 
 @torch.jit.unused
-def _ints(v: Union[int, Tuple[int, int]], name: str) -> Union[int, Tuple[int, int]]:
-    """v (checked by _check_types) with its integer-like values as ints. Values past int64 raise
-    here, as the op's own checks word it, where the op's schema would refuse them without naming
-    the argument; the op checks the others."""
+def _ints(v: Union[int, Tuple[int, int]], name: str) -> List[int]:
+    """stride, padding or dilation (also customops.nn's sizes) as a list of ints, one per
+    dimension: ints, SymInts (torch.compile's dynamic shapes, kept as they are: their __index__
+    would specialize the graph) and integer-like values such as numpy's, as F.conv2d takes them.
+    Values past int64 raise here, worded as the op's checks word them, where the op's schema
+    would refuse them without naming the argument; the op checks the rest, other lengths too."""
 
-    def index(e):  # (a SymInt as it is: its __index__ would specialize the compiled graph)
-        return e if isinstance(e, (int, torch.SymInt)) else operator.index(e)
+    def index(e):
+        if isinstance(e, (int, torch.SymInt)):
+            return e
+        try:
+            return operator.index(e)
+        except TypeError:
+            raise TypeError(f"customops: expected {name} to be an int or a pair of ints, but got {v!r}") from None
 
     pair = [index(e) for e in v] if isinstance(v, (tuple, list)) else [index(v)] * 2
     for e in pair:
         if isinstance(e, int) and e >= 2**63:
             raise RuntimeError(f"customops: expected {name} to be at most {_MAX_PARAM}, but got {pair}")
         if isinstance(e, int) and e < -(2**63):
-            raise RuntimeError(
-                f"customops: expected {name} to be {'>= 0' if name == 'padding' else '>= 1'}, but got {pair}"
-            )
-    return v if _all_ints(v) else (pair[0] if not isinstance(v, (tuple, list)) else tuple(pair))
-
-
-def _all_ints(v) -> bool:
-    return all(isinstance(e, (int, torch.SymInt)) for e in (v if isinstance(v, (tuple, list)) else [v]))
+            low = ">= 0" if name == "padding" else ">= 1"
+            raise RuntimeError(f"customops: expected {name} to be {low}, but got {pair}")
+    return pair
 
 
 def _check_pair(v, name, low, what):
