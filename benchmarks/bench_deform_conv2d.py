@@ -3,7 +3,10 @@ shape (same groups), forward and forward + backward (gradients for input, offset
 and bias). The default grid (``--shapes grid``) is 3x3, stride 1, padding 1, mask given
 (DCNv2); ``--shapes models`` takes layers of published networks instead (kernel sizes 1,
 3 and 7, strides, dilations, DCNv1, batch 1 and serving batches), ``--shapes grouped`` the
-grouped DCN stages of ResNeXt detectors, and ``--shapes all`` all three.
+grouped DCN stages of ResNeXt detectors, ``--shapes all`` all three, and ``--shapes sweep``
+``--count`` layers drawn at random (``--seed``) from the ranges of published networks' deformable
+layers, heads and depthwise blocks included, to find where ours would lose at shapes no table
+lists (the results' last lines give the ratios' spread and every row under 1).
 
 CPU (default without a GPU): float32, ``torch.set_num_threads(--threads)``, medians of
 torch.utils.benchmark's blocked_autorange. CUDA: medians with the L2 flushed (benchmarks/common.py),
@@ -15,6 +18,7 @@ least once (inputs, offsets, mask, weight and output).
     python benchmarks/bench_deform_conv2d.py --out benchmarks/results          # CPU shapes
     python benchmarks/bench_deform_conv2d.py --device cuda --out benchmarks/results
     python benchmarks/bench_deform_conv2d.py --shapes models --out benchmarks/results
+    python benchmarks/bench_deform_conv2d.py --shapes sweep --count 40 --out benchmarks/results
 """
 
 import argparse
@@ -22,6 +26,8 @@ import datetime
 import json
 import os
 import platform
+import random
+import statistics
 import sys
 from typing import NamedTuple, Union
 
@@ -132,6 +138,77 @@ def grouped_shapes(dtype, batches):
             Shape(b, 2048, 25, 42, 2048, 64, 1, dtype, False, note="ResNeXt-101 64x4d DCN c5"),
         ]
     return m
+
+
+def sweep_shapes(device, count, seed):
+    """``count`` layers drawn with ``random.Random(seed)`` (the same list on every run) from the
+    ranges of deformable layers in detection and segmentation networks: kernels 1 to 7 (mostly
+    3), strides 1 and 2, dilations 1 to 3 with "same" padding, 16 to 1024 input channels,
+    outputs of half to twice the inputs or a head's few (1 to 80), grouped and depthwise layers,
+    1 to 8 offset groups, DCNv1 and DCNv2, sides of 7 to 128 pixels, batches of 1 to 32, every
+    dtype and channels_last inputs. Layers whose sampled values (B * C_in * kh * kw * H_out *
+    W_out) pass what torchvision's kernels take in seconds on the device are drawn again."""
+    rng = random.Random(seed)
+    limit = 8 * 256 * 64 * 64 * 9 if device == "cuda" else 2 * 128 * 32 * 32 * 9
+    dtypes = (f32, f32, TF32, f16, f16, torch.bfloat16) if device == "cuda" else (f32,)
+    sides = (7, 10, 14, 19, 25, 28, 32, 38, 50, 56, 64, 75, 96, 100, 128)
+    shapes = []
+    while len(shapes) < count:
+        k = rng.choice((3, 3, 3, 3, 1, 5, 7))
+        stride = rng.choice((1, 1, 1, 1, 2))
+        dil = rng.choice((1, 1, 1, 2, 3)) if k > 1 else 1
+        C = rng.choice((16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024))
+        kind = rng.random()
+        if kind < 0.1:  # depthwise
+            groups, C_out = C, C
+        elif kind < 0.25:
+            groups = rng.choice([g for g in (2, 4, 8, 16, 32) if C % g == 0])
+            C_out = rng.choice((C // 2, C, 2 * C))
+        else:
+            groups = 1
+            C_out = rng.choice((C // 2, C, C, 2 * C, rng.choice((1, 2, 4, 9, 18, 27, 80))))
+        og = rng.choice([o for o in (1, 1, 1, 2, 4, 8) if C % o == 0])
+        H = rng.choice(sides)
+        W = rng.choice([s for s in sides if H / 2 <= s <= 2 * H])
+        shape = Shape(
+            rng.choice((1, 1, 2, 4, 8, 16, 32)),
+            C,
+            H,
+            W,
+            C_out,
+            groups,
+            og,
+            rng.choice(dtypes),
+            rng.random() < 0.2,
+            k,
+            stride,
+            dil * (k - 1) // 2,
+            dil,
+            rng.random() < 0.8,
+        )
+        Ho, Wo = shape.out_hw()
+        if Ho > 0 and Wo > 0 and shape.B * C * k * k * Ho * Wo <= limit:
+            shapes.append(shape)
+    return shapes
+
+
+def spread(rows):
+    """The ratios' spread over rows, and the rows where torchvision's op was faster than ours."""
+    lines = []
+    for mode in ("fwd", "fwd+bwd"):
+        key = f"torchvision / customops {mode}"
+        ratios = sorted(r[key] for r in rows if key in r)
+        if ratios:
+            lines.append(
+                f"torchvision / customops {mode} over {len(ratios)} rows: min {ratios[0]:.2f}, median "
+                f"{statistics.median(ratios):.2f}, max {ratios[-1]:.2f}."
+            )
+        lines += [
+            f"- slower than torchvision ({mode}): {r['shape']}, {r['dtype']}: {r[key]:.2f}"
+            for r in rows
+            if r.get(key, 1) < 1
+        ]
+    return "\n".join(lines)
 
 
 def cpu_name():
@@ -346,7 +423,11 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--rounds", type=int, default=5, help="passes over the implementations (median)")
-    parser.add_argument("--shapes", choices=("grid", "models", "grouped", "all"), default="grid", help="see above")
+    parser.add_argument(
+        "--shapes", choices=("grid", "models", "grouped", "all", "sweep"), default="grid", help="see above"
+    )
+    parser.add_argument("--count", type=int, default=40, help="layers of --shapes sweep")
+    parser.add_argument("--seed", type=int, default=0, help="the draw of --shapes sweep")
     parser.add_argument("--out", help="folder for the .md and .json results (and, for CUDA, a .png plot)")
     parser.add_argument("--from-json", help="rewrite the .md and .png of a saved .json (no timing)")
     args = parser.parse_args()
@@ -356,7 +437,8 @@ def main():
         stem = args.from_json[: -len(".json")]
         machine = saved["header"].split(",")[0]
         cpu = " cores, " in saved["header"]  # the CPU header names the cores, a GPU's does not
-        write_results(stem, saved["header"], saved["rows"], "cpu" if cpu else "cuda", machine)
+        tail = spread(saved["rows"]) + "\n" if "_sweep" in stem else ""
+        write_results(stem, saved["header"], saved["rows"], "cpu" if cpu else "cuda", machine, tail)
         return
     device = args.device
     if device == "cpu":
@@ -374,7 +456,10 @@ def main():
     else:
         models = model_shapes(torch.float32, (1,))
         grouped = grouped_shapes(torch.float32, (1,))
-    shapes = {"grid": grid, "models": models, "grouped": grouped, "all": grid + models + grouped}[args.shapes]
+    if args.shapes == "sweep":
+        shapes = sweep_shapes(device, args.count, args.seed)
+    else:
+        shapes = {"grid": grid, "models": models, "grouped": grouped, "all": grid + models + grouped}[args.shapes]
     machine = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
     if device == "cpu":
         machine += f", {args.threads} threads, load average {os.getloadavg()[0]:.1f} at the start"
@@ -405,10 +490,11 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         tag = "cpu" if device == "cpu" else torch.cuda.get_device_name().replace(" ", "_")
         suffix = "" if args.shapes == "grid" else f"_{args.shapes}"
+        suffix += f"_seed{args.seed}" if args.shapes == "sweep" else ""
         stem = os.path.join(args.out, f"deform_conv2d_{tag}_{datetime.date.today().isoformat()}{suffix}")
-        tail = ""
+        tail = spread(rows) + "\n\n" if args.shapes == "sweep" else ""
         if device == "cpu":
-            tail = (
+            tail += (
                 f"Load average at the end: {os.getloadavg()[0]:.1f} (a shared machine: ratios, measured in one "
                 "interleaved run, are more telling than absolute times)."
             )
