@@ -136,14 +136,14 @@ inline std::vector<Run> make_runs(const ColumnLayout& L, int64_t lo, int64_t hi)
 }
 
 // The GEMMs take the weight and the columns in one order of (tap, channel) within a group.
-// Where the whole call's column rows (batch * out_pixels) are fewer than the weight's rows
-// (out_channels), each chunk's columns are transposed, in cache, to the weight's own order
-// [group][channel][tap]; else the weight is permuted once to the columns' order (and
-// grad_weight back). A weight-heavy layer would otherwise spend more on the weight's copy
-// than on its GEMM (2 threads, 1x1024x8x8 -> 1024 3x3: the 38 MB permuted copy 15 ms, the
-// GEMM 8 ms; docs/deform_conv2d.md).
+// Where the whole call's columns (batch * out_pixels rows of in_channels * taps) are smaller
+// than the weight (out_channels rows of in_channels / groups * taps), each chunk's columns are
+// transposed, in cache, to the weight's own order [group][channel][tap]; else the weight is
+// permuted once to the columns' order (and grad_weight back). A weight-heavy layer would
+// otherwise spend more on the weight's copy than on its GEMM (2 threads, 1x1024x8x8 -> 1024
+// 3x3: the 38 MB permuted copy 15 ms, the GEMM 8 ms; docs/deform_conv2d.md).
 bool gemm_in_weight_order(const DeformConv2dGeometry& g, const ColumnLayout& L) {
-  return !L.depthwise && L.taps > 1 && g.batch * g.out_pixels() < g.out_channels;
+  return !L.depthwise && L.taps > 1 && g.batch * g.out_pixels() * g.groups < g.out_channels;
 }
 
 // Rows of columns from the columns' order to the weight's (to_weight_order) or back.
