@@ -33,9 +33,11 @@ backward runs the columns' GEMMs over a chunk's rows). ``report FILE A B`` compa
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt direct old
 
-``run LABEL [SUBSTRING | --depthwise | --channels-last]`` prints one tab-separated line per shape
+``run LABEL [SUBSTRING | --depthwise | --grouped | --channels-last]`` prints one tab-separated line per shape
 (label, shape, dtype, fwd µs, fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose
-name or dtype contains it, ``--depthwise`` times the depthwise layers instead, and
+name or dtype contains it, ``--depthwise`` times the depthwise layers instead, ``--grouped``
+grouped layers, forward and backward, ``--weight-heavy`` layers of few output pixels and a large
+weight, and
 ``--channels-last`` the shapes of batch > 1 (the depthwise layers' in float16) with a
 channels_last input.
 """
@@ -138,10 +140,63 @@ def grouped_shapes():
     return out
 
 
+def grouped_backward_shapes():
+    """Forward and backward of grouped layers: several images per chunk (small and mid-sized
+    maps, serving and training batches, channels_last among them) and one image per chunk (the
+    ResNeXt detector stages, a single image), in IEEE float32, TF32 and float16."""
+    import torch
+
+    from bench_deform_conv2d import TF32, Shape
+    from bench_deform_conv2d import grouped_shapes as detector_stages
+
+    out = []
+    for dtype in (torch.float32, TF32, torch.float16):
+        out += detector_stages(dtype, (2,)) + [
+            Shape(8, 192, 7, 7, 96, 2, 2, dtype, False, 3, 1, 3, 3),
+            Shape(16, 96, 14, 19, 192, 8, 4, dtype, True),
+            Shape(16, 256, 14, 14, 256, 32, 1, dtype, False),
+            Shape(32, 64, 28, 28, 64, 4, 1, dtype, False),
+            Shape(4, 96, 56, 56, 96, 3, 3, dtype, False),
+            Shape(8, 256, 64, 64, 256, 8, 1, dtype, False),
+            Shape(8, 256, 64, 64, 256, 8, 1, dtype, True),
+            Shape(2, 128, 128, 128, 128, 2, 1, dtype, False),
+            Shape(8, 256, 64, 64, 256, 64, 1, dtype, False, note="4 channels per group"),
+            Shape(1, 256, 32, 32, 256, 4, 1, dtype, False, note="one image"),
+        ]
+    return out
+
+
+def weight_heavy_shapes():
+    """Forward and backward of layers whose weight outweighs their columns (fewer output pixels
+    in the batch than output channels, CUDA's weight_order), and a few on either side of that
+    line: small maps of wide layers, batch 1 to 4, in IEEE float32, TF32 and float16."""
+    import torch
+
+    from bench_deform_conv2d import TF32, Shape
+
+    out = []
+    for dtype in (torch.float32, TF32, torch.float16):
+        out += [
+            Shape(1, 1024, 10, 14, 1024, 1, 4, dtype, True, 3, 2, 1),
+            Shape(2, 1024, 10, 7, 512, 1, 1, dtype, False),
+            Shape(1, 512, 7, 7, 512, 1, 1, dtype, False, note="R50-DCNv2 stage 4 at 224 x 224"),
+            Shape(4, 512, 7, 7, 512, 1, 1, dtype, False),
+            Shape(1, 2048, 7, 7, 512, 1, 1, dtype, False),
+            Shape(1, 1024, 14, 14, 1024, 1, 1, dtype, False),
+            Shape(1, 1024, 25, 42, 1024, 32, 1, dtype, False, 3, 2, 1),
+            Shape(2, 768, 8, 8, 768, 4, 2, dtype, False),
+        ]
+    return out
+
+
 def run(label, only=None):
     pick = shapes
     if only == "--depthwise":
         pick, only = depthwise_shapes, None
+    elif only == "--grouped":
+        pick, only = grouped_backward_shapes, None
+    elif only == "--weight-heavy":
+        pick, only = weight_heavy_shapes, None
     elif only == "--channels-last":
         only = None
 

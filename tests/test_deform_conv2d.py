@@ -5,6 +5,7 @@ no recompiles over batch and spatial sizes, the nn modules and the converter, an
 graph's node."""
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -60,9 +61,14 @@ CONFIGS = {
     # depthwise kernels.
     "depthwise_multiplier_2": dict(C=6, C_out=12, groups=6, og=2),
     "5x5_outside": dict(k=(5, 5), scale=5.0, og=1),
-    # More output channels than output pixels in the batch (2 x 3 x 3 < 24): the CPU's GEMMs take
-    # the weight in its own order and transpose the columns instead (gemm_in_weight_order).
-    "weight_order": dict(H=2, W=3, C_out=24, k=(2, 3)),
+    # More output channels than output pixels in the batch. Where the columns are smaller than
+    # the weight, the GEMMs take the weight in its own order and reorder the columns instead: the
+    # CPU's gemm_in_weight_order (9 pixels x 2 groups < 36; 9 < 24 with one group), CUDA's
+    # weight_order where they are at most half of it (36 <= 36, 18 <= 24). With 2 images of 2
+    # groups (36 > 24) the columns are larger, and the weight takes their order.
+    "more_outputs_than_pixels": dict(H=2, W=3, C_out=24, k=(2, 3)),
+    "weight_order_groups": dict(B=1, H=2, W=3, C_out=36, k=(2, 3)),
+    "weight_order_one_group": dict(B=1, H=2, W=3, C_out=24, k=(2, 3), groups=1, og=2),
 }
 
 
@@ -349,7 +355,7 @@ def test_each_output_mask_subset_gives_the_same_gradients():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["dcnv2_groups_offset_groups", "depthwise", "5x5_outside", "weight_order"])
+@pytest.mark.parametrize("name", ["dcnv2_groups_offset_groups", "depthwise", "5x5_outside", "weight_order_groups"])
 def test_backward_outputs_own_their_memory(name, dtype, device):
     """Each gradient is a tensor of its own, not a view of a buffer shared with another gradient
     or with the backward's temporaries (a leaf's .grad would keep the whole buffer alive)."""
@@ -870,13 +876,24 @@ def test_cuda_direct_float32_takes_its_bounded_build_past_one_wave(C_out, monkey
 
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_cuda_grouped_layer_of_several_images_takes_one_gemm(dtype, monkeypatch):
+@pytest.mark.parametrize("grad_format", [torch.contiguous_format, torch.channels_last])
+def test_cuda_grouped_layer_of_several_images_takes_one_gemm(dtype, grad_format, monkeypatch):
     # grouped_gemm: by default the columns of a grouped layer's 4 images go through one GEMM
-    # batched over the groups; forced off, a GEMM per image (test_cuda_matches_cpu checks the
-    # values of both).
+    # batched over the groups, forward and backward; forced off, a GEMM per image
+    # (test_cuda_matches_cpu checks the values of both, and the channels_last test those of a
+    # channels_last grad_out).
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
     kw = _inputs(B=4, C=64, H=16, W=16, C_out=64, groups=4, og=1, dtype=dtype)
     gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    grad = torch.randn(4, 64, 16, 16, device="cuda", dtype=dtype).contiguous(memory_format=grad_format)
+
+    def backward(**kw):
+        leaves = {k: v.detach().requires_grad_() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        out = customops.deform_conv2d(**leaves)
+        torch.cuda.synchronize()
+        _, ran = _kernel_names(lambda: out.backward(grad), {})
+        return ran
+
     gemms = {}
     for setting in (None, "0"):
         if setting is None:
@@ -884,10 +901,15 @@ def test_cuda_grouped_layer_of_several_images_takes_one_gemm(dtype, monkeypatch)
         else:
             monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM", setting)
         _, ran = _kernel_names(customops.deform_conv2d, gpu)
-        if ran is None:
+        ran_backward = backward(**gpu)
+        if ran is None or ran_backward is None:
             return
         gemms[setting] = [n for n in ran if "deform_conv2d" not in n]  # cuBLAS's
+        # cuBLAS's GEMMs (nvjet, xmma or cutlass kernels; not torch's reductions and copies)
+        gemms[(setting, "backward")] = [n for n in ran_backward if re.search("gemm|nvjet|xmma|cutlass", n, re.I)]
     assert len(gemms["0"]) >= 4 and len(gemms[None]) < len(gemms["0"]), gemms
+    # Per image: 2 GEMMs each; whole images: 2 in all (and any split-K parts).
+    assert len(gemms[("0", "backward")]) >= 8 and len(gemms[(None, "backward")]) <= 4, gemms
 
 
 @needs_cuda

@@ -1192,8 +1192,34 @@ inline at::Tensor taps_major_weight(const DeformConv2dGeometry& g, const at::Ten
   return w;
 }
 
+// Whether the columns' GEMMs take the weight in its own order, (C_out, C_in / groups, kh, kw),
+// each chunk's columns reordered to match (reorder_columns), instead of the weight reordered to
+// the columns' taps-major order: where the batch's columns are at most half the weight (rows x
+// groups x 2 <= C_out; the reorder costs a launch and a buffer, so not at parity), as the CPU's
+// gemm_in_weight_order. Reordering a 1024 x 1024 x 3 x 3 float32 weight for the 35 output pixels
+// of one 10 x 14 image had made the forward slower than torchvision's (101 against 79 us, H100,
+// benchmarks/results/deform_conv2d_NVIDIA_H100_80GB_HBM3_2026-12-06_sweep_seed1.md). A/B, H100
+// (deform_conv2d_ab_grouped_backward_weight_order_NVIDIA_H100_2026-12-06.md), forwards 1.06 to
+// 1.74x as fast where the weight was 2.6 to 29 times the columns; at 1.5 times (2x768x8x8, 4
+// groups) 0.82x in IEEE float32, 1.08x in TF32 and float16.
+inline bool weight_order(const DeformConv2dGeometry& g) {
+  return g.taps() > 1 && g.in_per_group() > 1 && 2 * g.batch * g.out_pixels() * g.groups <= g.out_channels;
+}
+
+// The first `rows` rows of columns, (rows, groups, kh * kw, C_in / groups), into the weight's
+// order, (rows, groups, C_in / groups, kh * kw), or back.
+template <typename T>
+void reorder_columns(
+    const at::Tensor& src, at::Tensor& dst, const DeformConv2dGeometry& g, int64_t rows, bool to_weight_order) {
+  const int64_t taps = g.taps(), C = g.in_per_group();
+  transpose_into<T, T>(
+      src.const_data_ptr<T>(), dst.data_ptr<T>(), rows * g.groups, to_weight_order ? taps : C,
+      to_weight_order ? C : taps);
+}
+
 // What the kernels read besides the input: offset and mask NCHW contiguous, and the weight
-// as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order, or for
+// as (groups, out_channels / groups, kh * kw * in_channels / groups), the columns' order (its
+// own order, in_channels / groups * kh * kw, where the GEMMs take it so: weight_order), or for
 // the direct forward as (groups, kh, kw, in_channels / groups, out_channels / groups), so that a
 // stage's slice is read along the output channels into shared memory without bank conflicts.
 struct CudaOperands {
@@ -1202,14 +1228,15 @@ struct CudaOperands {
 
   CudaOperands(
       const DeformConv2dGeometry& g, const at::Tensor& input_, const at::Tensor& offset, const at::Tensor& weight,
-      const c10::optional<at::Tensor>& mask, bool direct = false)
+      const c10::optional<at::Tensor>& mask, bool direct = false, bool in_weight_order = false)
       : input(input_),
         off(offset.contiguous()),
         msk(mask.has_value() ? mask->contiguous() : at::Tensor()),
         w(direct ? weight.reshape({g.groups, g.out_per_group(), g.in_per_group(), g.kh, g.kw})
                        .permute({0, 3, 4, 2, 1})
                        .contiguous()
-                 : taps_major_weight(g, weight).view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
+                 : (in_weight_order ? weight.contiguous() : taps_major_weight(g, weight))
+                       .view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
         input_channels_last(input_.is_contiguous(at::MemoryFormat::ChannelsLast)) {}
 
   template <typename T>
@@ -1688,7 +1715,8 @@ template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, bool direct, at::Tensor& out) {
-  const CudaOperands o(g, input, offset, weight, mask, direct);
+  const bool wo = !direct && weight_order(g);
+  const CudaOperands o(g, input, offset, weight, mask, direct, wo);
   const bool nhwc = channels_last_output(out);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
@@ -1744,7 +1772,13 @@ void forward_impl(
   int64_t max_rows = 0;
   for (const Chunk& ch : chunks) max_rows = std::max(max_rows, ch.rows());
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
-  at::Tensor col = at::empty({K * max_rows}, opts);
+  // A chunk's columns, as im2col writes them and, where the weight stays in its order, reordered
+  // to it for the GEMMs (gcol).
+  at::Tensor col = at::empty({K * max_rows}, opts), gcol = wo ? at::empty({K * max_rows}, opts) : col;
+  const auto columns = [&](const Chunk& ch, const at::Tensor& xs) {
+    launch_im2col<T>(o, g, ch, xs, col);
+    if (wo) reorder_columns<T>(col, gcol, g, ch.rows(), true);
+  };
   at::Tensor xs;
   // A chunk's columns are (rows, groups, Kg) and the weight (groups, C_out / groups, Kg).
   const int64_t Kg = K / g.groups, Cg = g.out_per_group();
@@ -1758,17 +1792,17 @@ void forward_impl(
                                         : strided(o.w, 0, {g.groups, Kg, Cg}, {Cg * Kg, 1, Kg});
     for (const Chunk& ch : chunks) {
       if (ch.p0 == 0) xs = o.images<T>(ch);
-      launch_im2col<T>(o, g, ch, xs, col);
+      columns(ch, xs);
       const int64_t rows = ch.rows();
       // The chunk's rows: of the output itself, or of the buffer.
       at::Tensor& rows_of = nhwc ? out : buf;
       const int64_t first = nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0;
       at::Tensor dst = strided(rows_of, first, {rows, g.out_channels}, {g.out_channels, 1});
       if (g.groups == 1) {
-        matmul_into(dst, strided(col, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
+        matmul_into(dst, strided(gcol, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
       } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the rows
         at::Tensor dst_g = strided(rows_of, first, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
-        matmul_into(dst_g, strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, nhwc && b.defined());
+        matmul_into(dst_g, strided(gcol, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, nhwc && b.defined());
       }
       if (nhwc) continue;
       transpose_into<T, T>(
@@ -1782,16 +1816,16 @@ void forward_impl(
   if (bias.has_value()) fill_bias<T>(out, *bias);
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) xs = o.images<T>(ch);
-    launch_im2col<T>(o, g, ch, xs, col);
+    columns(ch, xs);
     const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
     if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
       at::Tensor dst = strided(out, first, {ch.nb, g.out_channels, ch.n}, {g.out_channels * P, P, 1});
       matmul_into(
           dst, strided(o.w, 0, {ch.nb, g.out_channels, K}, {0, K, 1}),
-          strided(col, 0, {ch.nb, K, ch.n}, {ch.n * K, 1, K}), bias.has_value());
+          strided(gcol, 0, {ch.nb, K, ch.n}, {ch.n * K, 1, K}), bias.has_value());
     } else {  // over the groups of one image: (G, C_out / G, Kg) x (G, Kg, n)
       at::Tensor dst = strided(out, first, {g.groups, Cg, ch.n}, {Cg * P, P, 1});
-      matmul_into(dst, o.w, strided(col, 0, {g.groups, Kg, ch.n}, {Kg, 1, K}), bias.has_value());
+      matmul_into(dst, o.w, strided(gcol, 0, {g.groups, Kg, ch.n}, {Kg, 1, K}), bias.has_value());
     }
   }
 }
@@ -1902,26 +1936,37 @@ void backward_impl(
     return depthwise_backward_impl<T>(g, grad_out, o, want, grad_input, acc);
   const int64_t K = g.in_channels * g.taps(), P = g.out_pixels();
   const int64_t gx_image_bytes = want[0] ? g.in_channels * g.height * g.width * int64_t(sizeof(A)) : 0;
-  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), gx_image_bytes + o.image_copy_bytes(g));
+  // Several groups take chunks of whole images too, as one group does (a GEMM per chunk,
+  // batched over the groups), unless CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM=0 asks for a GEMM per
+  // image: a chunk per image costs launches and host work per image (8 images of 7x7 in 2
+  // groups: 688 us per TF32 forward + backward against torchvision's 539, H100,
+  // benchmarks/results/deform_conv2d_NVIDIA_H100_80GB_HBM3_2026-12-06_sweep_seed1.md). A/B, H100
+  // (deform_conv2d_ab_grouped_backward_weight_order_NVIDIA_H100_2026-12-06.md), forwards +
+  // backwards of grouped layers of several images a chunk 1.03 to 7.3x as fast (16x256x14x14 in
+  // 32 groups 969 -> 265 us in float32), the same code where a chunk holds one image.
+  const bool group_images = g.groups > 1 && grouped_gemm_override() >= 0;
+  const std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), gx_image_bytes + o.image_copy_bytes(g), group_images);
   int64_t max_rows = 0, max_images = 1;
   for (const Chunk& ch : chunks) {
     max_rows = std::max(max_rows, ch.rows());
     max_images = std::max(max_images, ch.nb);
   }
   const auto opts = o.off.options();
-  // One group: each chunk's grad_out as (C_out, rows), the GEMMs' operand, copied out of grad_out,
-  // by the transpose kernel where it is channels_last (a channels_last output's, usually: no
-  // NCHW copy of it), a view where it is one NCHW image's rows 16-byte aligned (cuBLAS's
-  // faster kernels need aligned rows), else by a copy; several groups: grad_out NCHW. The
-  // bias's gradient is then summed over these rows, a reduction along the inner dimension
-  // (torch's over dimensions 0, 2 and 3 took 19 us at 8x256x64x64 float16 NCHW, 39 channels_last,
-  // on the H200).
-  const bool go_nhwc = g.groups == 1 && grad_out.is_contiguous(at::MemoryFormat::ChannelsLast);
-  const at::Tensor go4 = go_nhwc ? at::Tensor() : grad_out.contiguous().view({g.batch, g.groups, g.out_per_group(), P});
+  // Each chunk's grad_out as (C_out, rows), the GEMMs' operand, copied out of grad_out by the
+  // transpose kernel where it is channels_last (a channels_last output's, usually: no NCHW copy
+  // of it), a view where it is one NCHW image's rows (16-byte aligned with one group: cuBLAS's
+  // faster kernels need aligned rows), else by a copy. The bias's gradient is then summed over
+  // these rows, a reduction along the inner dimension (torch's over dimensions 0, 2 and 3 took
+  // 19 us at 8x256x64x64 float16 NCHW, 39 channels_last, on the H200).
+  const bool go_nhwc = grad_out.is_contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor go3 = go_nhwc ? at::Tensor() : grad_out.contiguous().view({g.batch, g.out_channels, P});
   const at::Tensor go_pixels =
       go_nhwc ? grad_out.permute({0, 2, 3, 1}).reshape({g.batch * P, g.out_channels}) : at::Tensor();
-  at::Tensor col = at::empty({K * max_rows}, opts);
-  at::Tensor go_rows;  // groups == 1: grad_out of the chunk as (C_out, rows), where not a view
+  // The columns (col2im reads them taps-major) and, where the weight stays in its order, the
+  // GEMMs' columns in that order (gcol), both ways.
+  const bool wo = weight_order(g);
+  at::Tensor col = at::empty({K * max_rows}, opts), gcol = wo ? at::empty({K * max_rows}, opts) : col;
+  at::Tensor go_rows;  // grad_out of the chunk as (C_out, rows), where not a view
   const auto rows_buffer = [&](int64_t rows) {
     if (!go_rows.defined()) go_rows = at::empty({g.out_channels * max_rows}, opts);
     return go_rows.narrow(0, 0, g.out_channels * rows);
@@ -1941,9 +1986,10 @@ void backward_impl(
       gor = rows_buffer(rows).view({g.out_channels, rows});
       transpose_into<T, T>(
           go_pixels.narrow(0, ch.b0 * P + ch.p0, rows).const_data_ptr<T>(), gor.data_ptr<T>(), 1, rows, g.out_channels);
-    } else if (g.groups == 1) {
-      const at::Tensor src = go4.narrow(0, ch.b0, ch.nb).select(1, 0).narrow(2, ch.p0, ch.n);  // (nb, C_out, n)
-      if (ch.nb == 1 && cuda::is_aligned(src.const_data_ptr<T>(), 16) && P * sizeof(T) % 16 == 0) {
+    } else {
+      const at::Tensor src = go3.narrow(0, ch.b0, ch.nb).narrow(2, ch.p0, ch.n);  // (nb, C_out, n)
+      const bool aligned = cuda::is_aligned(src.const_data_ptr<T>(), 16) && P * sizeof(T) % 16 == 0;
+      if (ch.nb == 1 && (g.groups > 1 || aligned)) {
         gor = src[0];
       } else {
         gor = rows_buffer(rows).view({g.out_channels, ch.nb, ch.n});
@@ -1959,10 +2005,14 @@ void backward_impl(
     }
     // The GEMMs: grad_weight += grad_out x columns; grad columns = grad_out^T x weight, per group.
     const int64_t Kg = K / g.groups, Cg = g.out_per_group();
+    const auto columns = [&] {
+      launch_im2col<T>(o, g, ch, xs, col);
+      if (wo) reorder_columns<T>(col, gcol, g, rows, true);
+    };
     if (g.groups == 1) {
-      const at::Tensor cols = strided(col, 0, {rows, K}, {K, 1});
+      const at::Tensor cols = strided(gcol, 0, {rows, K}, {K, 1});
       if (want[2]) {
-        launch_im2col<T>(o, g, ch, xs, col);
+        columns();
         at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
         accumulate_into(gw, gor, cols, first);
       }
@@ -1971,17 +2021,18 @@ void backward_impl(
       matmul_into(
           dst, strided(gor, 0, {rows, g.out_channels}, {1, gor.stride(0)}),
           strided(o.w, 0, {g.out_channels, K}, {K, 1}), false);
-    } else {  // one image per chunk
-      const int64_t first_out = ch.b0 * g.out_channels * P + ch.p0;
-      const at::Tensor cols = strided(col, 0, {g.groups, rows, Kg}, {Kg, K, 1});
+    } else {  // (G, C_out / G, rows) x (G, rows, Kg); (G, rows, C_out / G) x (G, C_out / G, Kg)
+      const int64_t ld = gor.stride(0);
+      const at::Tensor cols = strided(gcol, 0, {g.groups, rows, Kg}, {Kg, K, 1});
       if (want[2]) {
-        launch_im2col<T>(o, g, ch, xs, col);
-        accumulate_into(acc.gw, strided(go4, first_out, {g.groups, Cg, rows}, {Cg * P, P, 1}), cols, first);
+        columns();
+        accumulate_into(acc.gw, strided(gor, 0, {g.groups, Cg, rows}, {Cg * ld, ld, 1}), cols, first);
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
-      matmul_into(dst, strided(go4, first_out, {g.groups, rows, Cg}, {Cg * P, 1, P}), o.w, false);
+      matmul_into(dst, strided(gor, 0, {g.groups, rows, Cg}, {Cg * ld, 1, ld}), o.w, false);
     }
+    if (wo) reorder_columns<T>(gcol, col, g, rows, false);
     const int v = chunk_vector_width<T>(g, xs, col2im_max_bytes<T>());
     launch_col2im<T, false>(
         tile_layout(g, ch, v), v, col.const_data_ptr<T>(), nullptr, xs.const_data_ptr<T>(), o,
@@ -2012,7 +2063,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   BackwardBuffers acc;
   acc.bias_from_rows = output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
   if (work) {  // the impls allocate acc with their chunks' grad_input accumulator
-    const CudaOperands o(g, input, offset, weight, mask);
+    const CudaOperands o(g, input, offset, weight, mask, false, weight_order(g));
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "deform_conv2d_backward_cuda", [&] {
       backward_impl<scalar_t>(g, grad_out, o, want, grad_input, acc);
     });
@@ -2022,8 +2073,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
   at::Tensor grad_weight;
   if (want[2]) {
-    grad_weight = at::empty(weight.sizes(), opts)
-                      .copy_(acc.gw.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}));
+    grad_weight = at::empty(weight.sizes(), opts);  // from the GEMMs' order
+    grad_weight.copy_(
+        weight_order(g) ? acc.gw.view(weight.sizes())
+                        : acc.gw.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}));
   }
   return {
       want[0] ? grad_input : none(), want[1] ? acc.goff.to(dt) : none(), want[2] ? grad_weight : none(),
