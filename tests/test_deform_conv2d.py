@@ -69,6 +69,11 @@ CONFIGS = {
     "more_outputs_than_pixels": dict(H=2, W=3, C_out=24, k=(2, 3)),
     "weight_order_groups": dict(B=1, H=2, W=3, C_out=36, k=(2, 3)),
     "weight_order_one_group": dict(B=1, H=2, W=3, C_out=24, k=(2, 3), groups=1, og=2),
+    # ... with 16-byte output rows (8 pixels: CUDA's GEMM straight into NCHW in 16 bits), with
+    # several images of several groups, and with 49 taps and 64 channels (the tiled reorder).
+    "weight_order_aligned_rows": dict(B=1, C=8, H=2, W=4, C_out=16, groups=1, og=1),
+    "weight_order_images_groups": dict(B=2, C=8, H=1, W=2, C_out=16, groups=2, og=2),
+    "weight_order_7x7": dict(B=1, C=64, H=2, W=2, C_out=16, groups=1, og=1, k=(7, 7), pad=(3, 3)),
 }
 
 
@@ -214,6 +219,10 @@ CHANNELS_LAST_CONFIGS = {
     "one_group": dict(B=2, C=16, H=9, W=11, C_out=8, groups=1, og=2),
     "one_group_no_bias": dict(B=2, C=16, H=9, W=11, C_out=8, groups=1, og=2, bias=False),
     "groups": dict(B=2, C=12, H=8, W=7, C_out=6, groups=3, og=1),
+    "groups_one_image": dict(B=1, C=12, H=8, W=7, C_out=6, groups=3, og=1),
+    # the weight in its own order (fewer output pixels than output channels), one and 2 groups
+    "weight_order": dict(B=1, C=8, H=4, W=4, C_out=64, groups=1, og=1),
+    "weight_order_groups": dict(B=2, C=8, H=2, W=2, C_out=32, groups=2, og=1),
     "depthwise": dict(B=3, C=24, H=10, W=9, C_out=24, groups=24, og=3),
     "depthwise_direct": dict(B=2, C=8, H=6, W=7, C_out=8, groups=8, og=1),
     "one_pixel_output": dict(B=2, C=8, H=3, W=3, C_out=4, groups=1, og=1, pad=(0, 0)),
