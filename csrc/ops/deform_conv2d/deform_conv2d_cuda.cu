@@ -1225,19 +1225,21 @@ void reorder_columns(
 struct CudaOperands {
   at::Tensor input, off, msk, w;
   bool input_channels_last;
+  bool in_weight_order;  // w in the weight's own order: the GEMMs take reordered columns
 
   CudaOperands(
       const DeformConv2dGeometry& g, const at::Tensor& input_, const at::Tensor& offset, const at::Tensor& weight,
-      const c10::optional<at::Tensor>& mask, bool direct = false, bool in_weight_order = false)
+      const c10::optional<at::Tensor>& mask, bool direct = false, bool weight_own_order = false)
       : input(input_),
         off(offset.contiguous()),
         msk(mask.has_value() ? mask->contiguous() : at::Tensor()),
         w(direct ? weight.reshape({g.groups, g.out_per_group(), g.in_per_group(), g.kh, g.kw})
                        .permute({0, 3, 4, 2, 1})
                        .contiguous()
-                 : (in_weight_order ? weight.contiguous() : taps_major_weight(g, weight))
+                 : (weight_own_order ? weight.contiguous() : taps_major_weight(g, weight))
                        .view({g.groups, g.out_per_group(), g.taps() * g.in_per_group()})),
-        input_channels_last(input_.is_contiguous(at::MemoryFormat::ChannelsLast)) {}
+        input_channels_last(input_.is_contiguous(at::MemoryFormat::ChannelsLast)),
+        in_weight_order(weight_own_order) {}
 
   template <typename T>
   const T* mask_ptr() const {
@@ -1408,6 +1410,16 @@ void launch_im2col(
             xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, col.data_ptr<T>());
     CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_im2col_kernel");
   });
+}
+
+// A chunk's columns for the GEMMs: im2col's into col, and where the weight stays in its own
+// order (o.in_weight_order), reordered to it into gcol.
+template <typename T>
+void gemm_columns(
+    const CudaOperands& o, const DeformConv2dGeometry& g, const Chunk& ch, const at::Tensor& xs, at::Tensor& col,
+    at::Tensor& gcol) {
+  launch_im2col<T>(o, g, ch, xs, col);
+  if (o.in_weight_order) reorder_columns<T>(col, gcol, g, ch.rows(), true);
 }
 
 // The depthwise weight (C, kh * kw) as (kh * kw, C) contiguous and 16-byte aligned, for the
@@ -1715,8 +1727,7 @@ template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& mask, bool direct, at::Tensor& out) {
-  const bool wo = !direct && weight_order(g);
-  const CudaOperands o(g, input, offset, weight, mask, direct, wo);
+  const CudaOperands o(g, input, offset, weight, mask, direct, !direct && weight_order(g));
   const bool nhwc = channels_last_output(out);
   if (g.in_per_group() == 1 && g.out_per_group() == 1) {
     const at::Tensor xs = o.images<T>({0, g.batch, 0, g.out_pixels()});
@@ -1774,11 +1785,8 @@ void forward_impl(
   const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
   // A chunk's columns, as im2col writes them and, where the weight stays in its order, reordered
   // to it for the GEMMs (gcol).
-  at::Tensor col = at::empty({K * max_rows}, opts), gcol = wo ? at::empty({K * max_rows}, opts) : col;
-  const auto columns = [&](const Chunk& ch, const at::Tensor& xs) {
-    launch_im2col<T>(o, g, ch, xs, col);
-    if (wo) reorder_columns<T>(col, gcol, g, ch.rows(), true);
-  };
+  at::Tensor col = at::empty({K * max_rows}, opts);
+  at::Tensor gcol = o.in_weight_order ? at::empty({K * max_rows}, opts) : col;
   at::Tensor xs;
   // A chunk's columns are (rows, groups, Kg) and the weight (groups, C_out / groups, Kg).
   const int64_t Kg = K / g.groups, Cg = g.out_per_group();
@@ -1792,7 +1800,7 @@ void forward_impl(
                                         : strided(o.w, 0, {g.groups, Kg, Cg}, {Cg * Kg, 1, Kg});
     for (const Chunk& ch : chunks) {
       if (ch.p0 == 0) xs = o.images<T>(ch);
-      columns(ch, xs);
+      gemm_columns<T>(o, g, ch, xs, col, gcol);
       const int64_t rows = ch.rows();
       // The chunk's rows: of the output itself, or of the buffer.
       at::Tensor& rows_of = nhwc ? out : buf;
@@ -1816,7 +1824,7 @@ void forward_impl(
   if (bias.has_value()) fill_bias<T>(out, *bias);
   for (const Chunk& ch : chunks) {
     if (ch.p0 == 0) xs = o.images<T>(ch);
-    columns(ch, xs);
+    gemm_columns<T>(o, g, ch, xs, col, gcol);
     const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
     if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
       at::Tensor dst = strided(out, first, {ch.nb, g.out_channels, ch.n}, {g.out_channels * P, P, 1});
@@ -1968,8 +1976,8 @@ void backward_impl(
       go_nhwc ? grad_out.permute({0, 2, 3, 1}).reshape({g.batch * P, g.out_channels}) : at::Tensor();
   // The columns (col2im reads them taps-major) and, where the weight stays in its order, the
   // GEMMs' columns in that order (gcol), both ways.
-  const bool wo = weight_order(g);
-  at::Tensor col = at::empty({K * max_rows}, opts), gcol = wo ? at::empty({K * max_rows}, opts) : col;
+  at::Tensor col = at::empty({K * max_rows}, opts);
+  at::Tensor gcol = o.in_weight_order ? at::empty({K * max_rows}, opts) : col;
   at::Tensor go_rows;  // grad_out of the chunk as (C_out, rows), where not a view
   const auto rows_buffer = [&](int64_t rows) {
     if (!go_rows.defined()) go_rows = at::empty({g.out_channels * max_rows}, opts);
@@ -2009,14 +2017,10 @@ void backward_impl(
     }
     // The GEMMs: grad_weight += grad_out x columns; grad columns = grad_out^T x weight, per group.
     const int64_t Kg = K / g.groups, Cg = g.out_per_group();
-    const auto columns = [&] {
-      launch_im2col<T>(o, g, ch, xs, col);
-      if (wo) reorder_columns<T>(col, gcol, g, rows, true);
-    };
     if (g.groups == 1) {
       const at::Tensor cols = strided(gcol, 0, {rows, K}, {K, 1});
       if (want[2]) {
-        columns();
+        gemm_columns<T>(o, g, ch, xs, col, gcol);
         at::Tensor gw = strided(acc.gw, 0, {g.out_channels, K}, {K, 1});
         accumulate_into(gw, gor, cols, first);
       }
@@ -2029,14 +2033,14 @@ void backward_impl(
       const int64_t ld = gor.stride(0);
       const at::Tensor cols = strided(gcol, 0, {g.groups, rows, Kg}, {Kg, K, 1});
       if (want[2]) {
-        columns();
+        gemm_columns<T>(o, g, ch, xs, col, gcol);
         accumulate_into(acc.gw, strided(gor, 0, {g.groups, Cg, rows}, {Cg * ld, ld, 1}), cols, first);
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
       matmul_into(dst, strided(gor, 0, {g.groups, rows, Cg}, {Cg * ld, 1, ld}), o.w, false);
     }
-    if (wo) reorder_columns<T>(gcol, col, g, rows, false);
+    if (o.in_weight_order) reorder_columns<T>(gcol, col, g, rows, false);
     const int v = chunk_vector_width<T>(g, xs, col2im_max_bytes<T>());
     launch_col2im<T, false>(
         tile_layout(g, ch, v), v, col.const_data_ptr<T>(), nullptr, xs.const_data_ptr<T>(), o,
@@ -2065,9 +2069,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   at::Tensor grad_input;
   if (want[0]) grad_input = work ? at::empty(input.sizes(), opts) : at::zeros(input.sizes(), opts);
   BackwardBuffers acc;
+  const bool in_weight_order = weight_order(g);  // the GEMMs' order, and so grad_weight's
   acc.bias_from_rows = output_mask[3] && work && g.groups == 1 && !(g.in_per_group() == 1 && g.out_per_group() == 1);
   if (work) {  // the impls allocate acc with their chunks' grad_input accumulator
-    const CudaOperands o(g, input, offset, weight, mask, false, weight_order(g));
+    const CudaOperands o(g, input, offset, weight, mask, false, in_weight_order);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dt, "deform_conv2d_backward_cuda", [&] {
       backward_impl<scalar_t>(g, grad_out, o, want, grad_input, acc);
     });
@@ -2079,7 +2084,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> deform_co
   if (want[2]) {
     grad_weight = at::empty(weight.sizes(), opts);  // from the GEMMs' order
     grad_weight.copy_(
-        weight_order(g) ? acc.gw.view(weight.sizes())
+        in_weight_order ? acc.gw.view(weight.sizes())
                         : acc.gw.view({g.out_channels, g.kh, g.kw, g.in_per_group()}).permute({0, 3, 1, 2}));
   }
   return {
