@@ -1952,10 +1952,11 @@ void backward_impl(
   // (deform_conv2d_ab_grouped_backward_weight_order_NVIDIA_H100_2026-12-06.md), forwards +
   // backwards of grouped layers of several images a chunk 1.03 to 7.3x as fast (16x256x14x14 in
   // 32 groups 969 -> 265 us in float32), the same code where a chunk holds one image.
-  // Their chunks of several images copy grad_out's rows, C_out values a pixel: where those
-  // outnumber the columns' K (a wide 1x1 layer), the budget bounds the copy instead.
+  // A chunk of several images, or of a channels_last grad_out, copies grad_out's rows, C_out
+  // values a pixel: where those outnumber the columns' K (a wide 1x1 layer), the budget bounds
+  // the copy instead.
   const bool group_images = g.groups > 1 && grouped_gemm_override() >= 0;
-  const int64_t row_values = group_images ? std::max(K, g.out_channels) : K;
+  const int64_t row_values = std::max(K, g.out_channels);
   const std::vector<Chunk> chunks =
       plan_chunks(g, row_values * sizeof(T), gx_image_bytes + o.image_copy_bytes(g), group_images);
   int64_t max_rows = 0, max_images = 1;
