@@ -15,13 +15,15 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
 Paths that an environment variable selects, read per call, need one build and one process:
-``interleave ROUNDS [--depthwise | --narrow | --grouped | --one-group] LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by
-shape, the default (label ``old``) and each labelled setting in turn, ROUNDS times, in an order
-that rotates, so that every variant sees the same machine state. ``--depthwise`` times depthwise
-layers of several networks' sizes instead of the grid; ``--narrow`` the forwards of layers with
-few output channels per group (fwd+bwd columns read nan), ``--grouped`` those of grouped layers
-(ResNeXt detectors' DCN stages among them), ``--one-group`` the default shapes of one group (whose
-backward runs the columns' GEMMs over a chunk's rows). ``report FILE A B`` compares any two labels.
+``interleave ROUNDS [--depthwise | --narrow | --grouped | --one-group | --offset-groups]
+LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by shape, the default (label ``old``) and each
+labelled setting in turn, ROUNDS times, in an order that rotates, so that every variant sees the
+same machine state. ``--depthwise`` times depthwise layers of several networks' sizes instead of the
+grid; ``--narrow`` the forwards of layers with few output channels per group (fwd+bwd columns read
+nan), ``--grouped`` those of grouped layers (ResNeXt detectors' DCN stages among them),
+``--one-group`` the default shapes of one group (whose backward runs the columns' GEMMs over a
+chunk's rows), ``--offset-groups`` layers of narrow offset groups, forward and backward. ``report
+FILE A B`` compares any two labels.
 
     python benchmarks/ab_deform_conv2d.py interleave 2 --narrow \
         columns=CUSTOMOPS_TEST_DEFORM_FORWARD=columns direct=CUSTOMOPS_TEST_DEFORM_FORWARD=direct > narrow.txt
@@ -189,6 +191,31 @@ def weight_heavy_shapes():
     return out
 
 
+def offset_group_shapes():
+    """Forward and backward of layers of narrow offset groups (2 to 16 channels each), where
+    the column kernel's units are a few channels of one sampling point: the random sweep's 7x7
+    head of 2-channel groups, 3x3 layers of 64 to 256 channels in 8 to 128 groups, a grouped
+    layer and channels_last; every dtype."""
+    import torch
+
+    from bench_deform_conv2d import TF32, Shape
+
+    out = []
+    for dtype in (torch.float32, TF32, torch.float16, torch.bfloat16):
+        out += [
+            Shape(8, 16, 32, 38, 27, 1, 8, dtype, False, 7, 1, 3, note="2 channels per offset group"),
+            Shape(8, 64, 64, 64, 64, 1, 32, dtype, False, note="2 channels per offset group"),
+            Shape(8, 64, 64, 64, 64, 1, 16, dtype, False, note="4 channels per offset group"),
+            Shape(8, 64, 64, 64, 64, 1, 8, dtype, False, note="8 channels per offset group"),
+            Shape(8, 256, 64, 64, 256, 1, 32, dtype, False, note="8 channels per offset group"),
+            Shape(8, 256, 64, 64, 256, 1, 16, dtype, False, note="16 channels per offset group"),
+            Shape(2, 128, 128, 128, 128, 1, 32, dtype, True, note="4 channels per offset group"),
+            Shape(8, 128, 32, 32, 128, 4, 16, dtype, False, note="8 channels per offset group"),
+            Shape(1, 256, 50, 68, 256, 1, 64, dtype, False, note="4 channels per offset group"),
+        ]
+    return out
+
+
 def run(label, only=None):
     pick = shapes
     if only == "--depthwise":
@@ -219,6 +246,8 @@ def interleave(rounds, settings):
         pick, settings, backward = narrow_shapes, settings[1:], False
     elif settings and settings[0] == "--grouped":
         pick, settings, backward = grouped_shapes, settings[1:], False
+    elif settings and settings[0] == "--offset-groups":
+        pick, settings = offset_group_shapes, settings[1:]
     elif settings and settings[0] == "--one-group":
         pick, settings = (lambda: [s for s in shapes() if s.groups == 1]), settings[1:]
     variants = {"old": {}}

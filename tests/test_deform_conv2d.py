@@ -74,6 +74,10 @@ CONFIGS = {
     "weight_order_aligned_rows": dict(B=1, C=8, H=2, W=4, C_out=16, groups=1, og=1),
     "weight_order_images_groups": dict(B=2, C=8, H=1, W=2, C_out=16, groups=2, og=2),
     "weight_order_7x7": dict(B=1, C=64, H=2, W=2, C_out=16, groups=1, og=1, k=(7, 7), pad=(3, 3)),
+    # Offset groups of 2 channels: CUDA's column units of one item, 8 offset groups x 4 pixels of
+    # a tap a warp with a last row block past the 105 rows, and 12 as 2 sets of 6 x 5 pixels.
+    "narrow_offset_groups": dict(B=3, C=16, H=5, W=7, C_out=8, groups=1, og=8, k=(7, 7), pad=(3, 3)),
+    "narrow_offset_groups_in_sets": dict(B=2, C=24, H=5, W=6, C_out=8, groups=1, og=12),
 }
 
 
@@ -638,13 +642,15 @@ def _force_forward(monkeypatch, forward):
 # chunk), several chunks of one image's pixels (one group, and two groups: float32 4 or 5 per
 # image, 16-bit 2), with output rows not aligned (rows-major runs of a multiple of 16 pixels
 # and a shorter last run); depthwise, with several images per backward chunk and a smaller last
-# chunk (float32: 4 + 3, 16-bit: 6 + 1).
+# chunk (float32: 4 + 3, 16-bit: 6 + 1); and offset groups of 2 channels (the column kernel's row
+# blocks of a tap) over chunks of one image's pixels.
 CUDA_CHUNK_CONFIGS = {
     "images_per_chunk": dict(B=9, C=256, H=48, W=48, C_out=24, groups=1, og=2),
     "images_per_chunk_into_nchw": dict(B=5, C=512, H=64, W=64, C_out=16, groups=1, og=1),
     "pixels_per_chunk": dict(B=2, C=256, H=160, W=160, C_out=16, groups=1, og=1),
     "unaligned_pixels_per_chunk": dict(B=2, C=256, H=157, W=161, C_out=16, groups=1, og=1),
     "groups_pixels_per_chunk": dict(B=1, C=512, H=112, W=112, C_out=8, groups=2, og=4),
+    "narrow_offset_groups_pixels_per_chunk": dict(B=2, C=128, H=157, W=161, C_out=16, groups=1, og=64),
     "depthwise_8_per_thread": dict(B=2, C=24, H=33, W=31, C_out=24, groups=24, og=3),
     "depthwise_images_per_chunk": dict(B=7, C=128, H=48, W=48, C_out=128, groups=128, og=2),
 }
