@@ -263,7 +263,7 @@ struct UnitLayout {
   // groups, not of one pixel's many, whose planes lie taps * P apart (one row a block, one set:
   // (row, group, tap, u)).
   Divider lanes, block_rows, lane_sets;
-  int64_t U, units;  // the chunk's, row blocks rounded up: below 2^32 (its columns, below 2^31)
+  int64_t U, units;  // the chunk's, row blocks rounded up: below 2^31 (launch_im2col)
   int nu;            // units per block
   bool groups_fastest;
 };
@@ -1415,6 +1415,8 @@ void launch_im2col(
     lanes = std::min<int64_t>(per_tap, 8);
     while (per_tap % lanes != 0) --lanes;
     R = std::min<int64_t>(C10_WARP_SIZE / lanes, std::max<int64_t>(ch.rows(), 1));
+    // The Dividers take dividends below 2^31, which the padded row blocks could pass.
+    if (ceil_div(ch.rows(), R) * R * g.groups * g.taps() * per_tap > std::numeric_limits<int32_t>::max()) R = 1;
   }
   L.lanes = Divider(static_cast<uint32_t>(lanes));
   L.lane_sets = Divider(static_cast<uint32_t>(per_tap / lanes));
