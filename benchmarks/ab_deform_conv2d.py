@@ -35,13 +35,12 @@ FILE A B`` compares any two labels.
         --depthwise direct=CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 > ab.txt
     python benchmarks/ab_deform_conv2d.py report ab.txt direct old
 
-``run LABEL [SUBSTRING | --depthwise | --grouped | --channels-last]`` prints one tab-separated line per shape
-(label, shape, dtype, fwd µs, fwd+bwd µs, fwd MB, fwd+bwd MB); SUBSTRING keeps the shapes whose
-name or dtype contains it, ``--depthwise`` times the depthwise layers instead, ``--grouped``
-grouped layers, forward and backward, ``--weight-heavy`` layers of few output pixels and a large
-weight, and
-``--channels-last`` the shapes of batch > 1 (the depthwise layers' in float16) with a
-channels_last input.
+``run LABEL [SUBSTRING | --depthwise | --grouped | --weight-heavy | --channels-last]`` prints one
+tab-separated line per shape (label, shape, dtype, fwd µs, fwd+bwd µs, fwd MB, fwd+bwd MB);
+SUBSTRING keeps the shapes whose name or dtype contains it, ``--depthwise`` times the depthwise
+layers instead, ``--grouped`` grouped layers, forward and backward, ``--weight-heavy`` layers of few
+output pixels and a large weight, and ``--channels-last`` the shapes of batch > 1 (the depthwise
+layers' in float16) with a channels_last input.
 """
 
 import collections

@@ -1410,18 +1410,21 @@ void launch_im2col(
   // (deform_conv2d_ab_offset_group_units_NVIDIA_H100_2026-12-06.md); the same order for staged
   // units ran 0.87 to 1.23x.
   const int64_t per_tap = Cg / U;
+  const auto units_in_blocks_of = [&](int64_t rows) {
+    return ceil_div(ch.rows(), rows) * rows * g.groups * g.taps() * per_tap;
+  };
   int64_t lanes = per_tap, R = 1;
   if (!staged && Cg > 1) {
     lanes = std::min<int64_t>(per_tap, 8);
     while (per_tap % lanes != 0) --lanes;
     R = std::min<int64_t>(C10_WARP_SIZE / lanes, std::max<int64_t>(ch.rows(), 1));
     // The Dividers take dividends below 2^31, which the padded row blocks could pass.
-    if (ceil_div(ch.rows(), R) * R * g.groups * g.taps() * per_tap > std::numeric_limits<int32_t>::max()) R = 1;
+    if (units_in_blocks_of(R) > std::numeric_limits<int32_t>::max()) R = 1;
   }
   L.lanes = Divider(static_cast<uint32_t>(lanes));
   L.lane_sets = Divider(static_cast<uint32_t>(per_tap / lanes));
   L.block_rows = Divider(static_cast<uint32_t>(R));
-  L.units = ceil_div(ch.rows(), R) * R * g.groups * g.taps() * per_tap;
+  L.units = units_in_blocks_of(R);
   // About 8 items per thread of a 256-thread block, at most a unit per thread (staged: more
   // than one item per unit).
   L.nu = static_cast<int>(std::clamp<int64_t>(2048 / (U / s), 1, cuda::kThreads));
