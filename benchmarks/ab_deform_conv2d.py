@@ -191,28 +191,9 @@ def weight_heavy_shapes():
 
 
 def offset_group_shapes():
-    """Forward and backward of layers of narrow offset groups (2 to 16 channels each), where
-    the column kernel's units are a few channels of one sampling point: the random sweep's 7x7
-    head of 2-channel groups, 3x3 layers of 64 to 256 channels in 8 to 128 groups, a grouped
-    layer and channels_last; every dtype."""
-    import torch
+    from bench_deform_conv2d import offset_group_shapes
 
-    from bench_deform_conv2d import TF32, Shape
-
-    out = []
-    for dtype in (torch.float32, TF32, torch.float16, torch.bfloat16):
-        out += [
-            Shape(8, 16, 32, 38, 27, 1, 8, dtype, False, 7, 1, 3, note="2 channels per offset group"),
-            Shape(8, 64, 64, 64, 64, 1, 32, dtype, False, note="2 channels per offset group"),
-            Shape(8, 64, 64, 64, 64, 1, 16, dtype, False, note="4 channels per offset group"),
-            Shape(8, 64, 64, 64, 64, 1, 8, dtype, False, note="8 channels per offset group"),
-            Shape(8, 256, 64, 64, 256, 1, 32, dtype, False, note="8 channels per offset group"),
-            Shape(8, 256, 64, 64, 256, 1, 16, dtype, False, note="16 channels per offset group"),
-            Shape(2, 128, 128, 128, 128, 1, 32, dtype, True, note="4 channels per offset group"),
-            Shape(8, 128, 32, 32, 128, 4, 16, dtype, False, note="8 channels per offset group"),
-            Shape(1, 256, 50, 68, 256, 1, 64, dtype, False, note="4 channels per offset group"),
-        ]
-    return out
+    return offset_group_shapes("cuda")
 
 
 def run(label, only=None):

@@ -3,8 +3,9 @@ shape (same groups), forward and forward + backward (gradients for input, offset
 and bias). The default grid (``--shapes grid``) is 3x3, stride 1, padding 1, mask given
 (DCNv2); ``--shapes models`` takes layers of published networks instead (kernel sizes 1,
 3 and 7, strides, dilations, DCNv1, batch 1 and serving batches), ``--shapes grouped`` the
-grouped DCN stages of ResNeXt detectors, ``--shapes all`` all three, and ``--shapes sweep``
-``--count`` layers drawn at random (``--seed``) from the ranges of published networks' deformable
+grouped DCN stages of ResNeXt detectors, ``--shapes offset-groups`` layers of narrow offset
+groups (2 to 16 channels each), ``--shapes all`` the grid, models and grouped layers, and
+``--shapes sweep`` ``--count`` layers drawn at random (``--seed``) from the ranges of published networks' deformable
 layers, heads and depthwise blocks included, to find where ours would lose at shapes no table
 lists (the results' last lines give the ratios' spread and every row under 1).
 
@@ -138,6 +139,35 @@ def grouped_shapes(dtype, batches):
             Shape(b, 2048, 25, 42, 2048, 64, 1, dtype, False, note="ResNeXt-101 64x4d DCN c5"),
         ]
     return m
+
+
+def offset_group_shapes(device):
+    """Layers of narrow offset groups (2 to 16 channels each), where a sampling point serves
+    few channels: the random sweep's 7x7 head of 2-channel groups, 3x3 layers of 64 to 256
+    channels in 8 to 128 groups, a grouped layer and channels_last; on CUDA every dtype, on
+    the CPU float32 at smaller sizes (torchvision's CPU backward takes seconds)."""
+    if device == "cpu":
+        return [
+            Shape(2, 16, 32, 38, 27, 1, 8, f32, False, 7, 1, 3, note="2 channels per offset group"),
+            Shape(2, 64, 32, 32, 64, 1, 32, f32, False, note="2 channels per offset group"),
+            Shape(2, 64, 32, 32, 64, 1, 16, f32, False, note="4 channels per offset group"),
+            Shape(2, 64, 32, 32, 64, 1, 8, f32, False, note="8 channels per offset group"),
+            Shape(1, 128, 32, 32, 128, 1, 32, f32, True, note="4 channels per offset group"),
+        ]
+    out = []
+    for dtype in (f32, TF32, f16, torch.bfloat16):
+        out += [
+            Shape(8, 16, 32, 38, 27, 1, 8, dtype, False, 7, 1, 3, note="2 channels per offset group"),
+            Shape(8, 64, 64, 64, 64, 1, 32, dtype, False, note="2 channels per offset group"),
+            Shape(8, 64, 64, 64, 64, 1, 16, dtype, False, note="4 channels per offset group"),
+            Shape(8, 64, 64, 64, 64, 1, 8, dtype, False, note="8 channels per offset group"),
+            Shape(8, 256, 64, 64, 256, 1, 32, dtype, False, note="8 channels per offset group"),
+            Shape(8, 256, 64, 64, 256, 1, 16, dtype, False, note="16 channels per offset group"),
+            Shape(2, 128, 128, 128, 128, 1, 32, dtype, True, note="4 channels per offset group"),
+            Shape(8, 128, 32, 32, 128, 4, 16, dtype, False, note="8 channels per offset group"),
+            Shape(1, 256, 50, 68, 256, 1, 64, dtype, False, note="4 channels per offset group"),
+        ]
+    return out
 
 
 def sweep_shapes(device, count, seed):
@@ -424,7 +454,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--rounds", type=int, default=5, help="passes over the implementations (median)")
     parser.add_argument(
-        "--shapes", choices=("grid", "models", "grouped", "all", "sweep"), default="grid", help="see above"
+        "--shapes",
+        choices=("grid", "models", "grouped", "offset-groups", "all", "sweep"),
+        default="grid",
+        help="see above",
     )
     parser.add_argument("--count", type=int, default=40, help="layers of --shapes sweep")
     parser.add_argument("--seed", type=int, default=0, help="the draw of --shapes sweep")
@@ -459,7 +492,13 @@ def main():
     if args.shapes == "sweep":
         shapes = sweep_shapes(device, args.count, args.seed)
     else:
-        shapes = {"grid": grid, "models": models, "grouped": grouped, "all": grid + models + grouped}[args.shapes]
+        shapes = {
+            "grid": grid,
+            "models": models,
+            "grouped": grouped,
+            "offset-groups": offset_group_shapes(device),
+            "all": grid + models + grouped,
+        }[args.shapes]
     machine = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
     if device == "cpu":
         machine += f", {args.threads} threads, load average {os.getloadavg()[0]:.1f} at the start"

@@ -675,6 +675,28 @@ def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
     _cuda_vs_cpu(_inputs(**config, scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
+# The column kernel's taps per thread where a unit is one or two 16-byte items, which the GPU's
+# size sets: forced (CUSTOMOPS_TEST_DEFORM_TAPS_PER_THREAD) to one, to slices of 2 and 4 taps
+# with a shorter last one (49 and 9 taps), and to all taps. Units of 2 channels (one item), 8
+# (float32: two items; float64: four, staged) and 16 (16-bit: two items).
+TAPS_PER_THREAD_CONFIGS = {
+    "narrow_offset_groups": CONFIGS["narrow_offset_groups"],
+    "narrow_offset_groups_in_sets": CONFIGS["narrow_offset_groups_in_sets"],
+    "units_of_8_channels": dict(B=2, C=32, H=6, W=7, C_out=8, groups=1, og=4),
+    "units_of_16_channels": dict(B=2, C=32, H=5, W=6, C_out=8, groups=1, og=2),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("taps_per_thread", ["1", "2", "4", "49"])
+@pytest.mark.parametrize("dtype", list(CUDA_TOL))
+@pytest.mark.parametrize("name", list(TAPS_PER_THREAD_CONFIGS))
+def test_cuda_column_taps_per_thread(name, dtype, taps_per_thread, monkeypatch):
+    _force_forward(monkeypatch, "columns")
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_TAPS_PER_THREAD", taps_per_thread)
+    _cuda_vs_cpu(_inputs(**TAPS_PER_THREAD_CONFIGS[name]), dtype, *CUDA_TOL[dtype])
+
+
 # The tiled depthwise forward: its tiling's edges, against the CPU kernel and bitwise against the
 # direct kernel, its fallback (CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1 forces it). One channel (a lane
 # per pixel), tiles across images, several slices, a slice over several offset groups (12 channels
@@ -821,16 +843,16 @@ def test_cuda_direct_failed_launch_is_a_runtime_error_naming_it(monkeypatch):
         (torch.float32, False, 32, 4, 64, 1024, "deform_conv2d_direct_kernel"),  # 8 per group, 2 a block
         (torch.float32, True, 32, 4, 64, 1024, "deform_conv2d_direct_kernel"),  # TF32, 8 per group
         (torch.float16, False, 128, 64, 16, 1024, "deform_conv2d_direct_kernel"),  # 2 per group, 8 a block
-        (torch.float32, True, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # TF32, 32 per group
-        (torch.float32, True, 32, 2, 64, 1024, "deform_conv2d_im2col_kernel"),  # TF32, 16 per group, one a block
-        (torch.float32, False, 256, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # 64 per group
-        (torch.float32, False, 16, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, one a block
-        (torch.float32, False, 16, 1, 128, 1024, "deform_conv2d_im2col_kernel"),  # one group
-        (torch.float32, False, 128, 4, 1, 32, "deform_conv2d_im2col_kernel"),  # one image: 32 blocks
-        (torch.float16, False, 64, 16, 64, 1024, "deform_conv2d_im2col_kernel"),  # 4 per group, 4 inputs
-        (torch.float16, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),  # tensor cores
-        (torch.bfloat16, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),
-        (torch.float64, False, 128, 4, 32, 1024, "deform_conv2d_im2col_kernel"),
+        (torch.float32, True, 128, 4, 32, 1024, "deform_conv2d_im2col"),  # TF32, 32 per group
+        (torch.float32, True, 32, 2, 64, 1024, "deform_conv2d_im2col"),  # TF32, 16 per group, one a block
+        (torch.float32, False, 256, 4, 32, 1024, "deform_conv2d_im2col"),  # 64 per group
+        (torch.float32, False, 16, 4, 32, 1024, "deform_conv2d_im2col"),  # 4 per group, one a block
+        (torch.float32, False, 16, 1, 128, 1024, "deform_conv2d_im2col"),  # one group
+        (torch.float32, False, 128, 4, 1, 32, "deform_conv2d_im2col"),  # one image: 32 blocks
+        (torch.float16, False, 64, 16, 64, 1024, "deform_conv2d_im2col"),  # 4 per group, 4 inputs
+        (torch.float16, False, 128, 4, 32, 1024, "deform_conv2d_im2col"),  # tensor cores
+        (torch.bfloat16, False, 128, 4, 32, 1024, "deform_conv2d_im2col"),
+        (torch.float64, False, 128, 4, 32, 1024, "deform_conv2d_im2col"),
     ],
 )
 def test_cuda_default_forward_takes_the_direct_kernel_where_it_wins(

@@ -249,9 +249,9 @@ __device__ __forceinline__ void atomic_add_vec(A* dst, const A (&v)[V]) {
 // touches whole lines of a unit's corners and columns, whatever the offset groups' width, and
 // a sampling point is computed once, not once per item (H200, 8x256x64x64 float16: 34 -> 28
 // us per chunk of columns, and 73 -> 40 us with 4 offset groups, against the previous kernel
-// that computed the point per 64-byte item; docs/deform_conv2d.md). Units of one item skip the
-// staging. With one channel per group (groups_fastest) the units go groups fastest instead
-// (unit q: row, tap, group), so that a warp reads adjacent channels.
+// that computed the point per 64-byte item; docs/deform_conv2d.md). Units of one or two items
+// go to the taps kernel instead (unit_taps). With one channel per group (groups_fastest) the units go groups fastest
+// instead (unit q: row, tap, group), so that a warp reads adjacent channels.
 struct UnitLayout {
   DeformConv2dGeometry g;
   Chunk ch;
@@ -259,11 +259,15 @@ struct UnitLayout {
   Divider taps, groups, n, out_w, kw, og_channels;
   // The units u < in_per_group / U of a (row, group, tap) as lane_sets x lanes, and rows side
   // by side in blocks: unit q is (row block, group, tap, lane set, row, lane), so that a warp's
-  // offset and mask loads, where a unit is one item, are of a few adjacent pixels' few offset
-  // groups, not of one pixel's many, whose planes lie taps * P apart (one row a block, one set:
-  // (row, group, tap, u)).
+  // offset and mask loads, where a unit is one or two items, are of a few adjacent pixels' few
+  // offset groups, not of one pixel's many, whose planes lie taps * P apart (staged units: one
+  // row a block, one set: (row, group, tap, u)).
   Divider lanes, block_rows, lane_sets;
-  int64_t U, units;  // the chunk's, row blocks rounded up: below 2^31 (launch_im2col)
+  // The taps kernel: a thread takes taps_per_thread consecutive taps of its (row, group, u),
+  // the tap slices taking the taps' place in q (launch_im2col).
+  Divider slices;
+  int taps_per_thread;
+  int64_t U, units;  // the chunk's threads, row blocks rounded up: below 2^31 (launch_im2col)
   int nu;            // units per block
   bool groups_fastest;
 };
@@ -365,13 +369,100 @@ __device__ __forceinline__ void blend_store(
   }
 }
 
+// Taps loaded ahead per batch of a unit's taps: the loads of several sampling points in flight
+// per thread, not one.
+constexpr int kTapBatch = 4;
+// Waves of resident threads that launch_im2col leaves the taps kernel at least.
+constexpr int64_t kTapWaves = 4;
+
+// The columns of thread q's unit of kItems items, for its slice of taps: its row, group and u
+// decoded once, then the offsets and masks of kTapBatch taps loaded before their corners.
+template <typename T, int S, int kItems>
+__device__ __forceinline__ void unit_taps(
+    const UnitLayout& L, uint32_t q, const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk,
+    T* __restrict__ col) {
+  using A = at::opmath_type<T>;
+  using W = UnitWeight<T, S>;
+  const DeformConv2dGeometry& g = L.g;
+  const int64_t taps = g.taps(), P = g.out_pixels();
+  const auto a = L.lanes.divmod(q), d = L.block_rows.divmod(a.div), e = L.lane_sets.divmod(d.div),
+             sl = L.slices.divmod(e.div), c = L.groups.divmod(sl.div);
+  const uint32_t r = c.div * L.block_rows.divisor + d.mod;
+  if (r >= L.ch.rows()) return;
+  const uint32_t u = e.mod * L.lanes.divisor + a.mod, gi = c.mod;
+  const int64_t c0 = gi * g.in_per_group() + u * L.U;
+  const auto rb = L.n.divmod(r);
+  const int64_t p = L.ch.p0 + rb.mod, b = L.ch.b0 + rb.div;
+  const auto yx = L.out_w.divmod(static_cast<uint32_t>(p));
+  const int64_t ok0 = (b * g.offset_groups + L.og_channels.div(static_cast<uint32_t>(c0))) * taps;
+  const T* ob = off + 2 * ok0 * P + p;
+  const T* mb = msk ? msk + ok0 * P + p : nullptr;
+  const T* img = xs + rb.div * g.height * g.width * g.in_channels + c0;
+  T* dst = col + (static_cast<int64_t>(r) * g.groups + gi) * taps * g.in_per_group() + c0 - gi * g.in_per_group();
+  const A y_base = static_cast<A>(yx.div * g.stride_h - g.pad_h),
+          x_base = static_cast<A>(yx.mod * g.stride_w - g.pad_w);
+  const int k_end = static_cast<int>(std::min<int64_t>(taps, (sl.mod + 1) * L.taps_per_thread));
+  int k = static_cast<int>(sl.mod) * L.taps_per_thread;
+  int i = k / static_cast<int>(g.kw), j = k - i * static_cast<int>(g.kw);
+  for (; k < k_end; k += kTapBatch) {
+    A y[kTapBatch], x[kTapBatch], m[kTapBatch];
+#pragma unroll
+    for (int t = 0; t < kTapBatch; ++t) {
+      if (k + t >= k_end) break;
+      y[t] = static_cast<A>(ob[2 * (k + t) * P]);
+      x[t] = static_cast<A>(ob[(2 * (k + t) + 1) * P]);
+      m[t] = mb ? static_cast<A>(mb[(k + t) * P]) : A(1);
+    }
+#pragma unroll
+    for (int t = 0; t < kTapBatch; ++t) {
+      if (k + t >= k_end) break;
+      const BilinearTap<A> tap =
+          bilinear_tap<A>(y_base + i * g.dil_h + y[t], x_base + j * g.dil_w + x[t], g.height, g.width);
+      int64_t src[4];
+      W w[4];
+#pragma unroll
+      for (int cn = 0; cn < 4; ++cn) {
+        src[cn] = tap.idx[cn] < 0 ? -1 : tap.idx[cn] * g.in_channels;
+        if constexpr (kPackedBlend<T, S>) {
+          w[cn] = Packed<T>::splat(tap.w[cn] * m[t]);
+        } else {
+          w[cn] = tap.w[cn] * m[t];
+        }
+      }
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        int64_t at[4];
+#pragma unroll
+        for (int cn = 0; cn < 4; ++cn) at[cn] = src[cn] < 0 ? -1 : src[cn] + it * S;
+        blend_store<T, S>(img, at, w, dst + (k + t) * g.in_per_group() + it * S);
+      }
+      if (++j == g.kw) {
+        j = 0;
+        ++i;
+      }
+    }
+  }
+}
+
+// Columns of the chunk where a unit is kItems (1 or 2) items: a thread per unit and slice of
+// taps (unit_taps), in a kernel of its own, whose registers (64 to 80 on sm_90) leave the
+// staged kernel's (about 40) alone.
+template <typename T, int S, int kItems>
+__global__ void deform_conv2d_im2col_taps_kernel(
+    const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, UnitLayout L, T* __restrict__ col) {
+  for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < L.units;
+       q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    unit_taps<T, S, kItems>(L, static_cast<uint32_t>(q), xs, off, msk, col);
+  }
+}
+
 // Columns of the chunk: col = mask * bilinear(x, the unit's tap), S channels per item (see
 // UnitLayout). xs: the chunk's images, channels-last (NHWC) contiguous.
 template <typename T, int S>
 __global__ void deform_conv2d_im2col_kernel(
     const T* __restrict__ xs, const T* __restrict__ off, const T* __restrict__ msk, UnitLayout L, T* __restrict__ col) {
   using W = UnitWeight<T, S>;
-  if (L.subvecs.divisor == 1) {  // one item per unit: nothing to share, no staging
+  if (L.subvecs.divisor == 1) {  // one channel per group: nothing to share, no staging
     for (int64_t q = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; q < L.units;
          q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       int64_t src[4];
@@ -1402,19 +1493,22 @@ void launch_im2col(
   L.out_w = Divider(static_cast<uint32_t>(g.out_w));
   L.kw = Divider(static_cast<uint32_t>(g.kw));
   L.og_channels = Divider(static_cast<uint32_t>(g.in_per_offset_group()));
-  const bool staged = U / s > 1;
-  // Where a unit is one item, a warp takes at most 8 units of a (row, group, tap) and at least
-  // 4 rows (a sector of their float32 offsets a plane); staged units (several items) load their
-  // sampling point once for U / s items, and keep (row, group, tap, u). H100, forwards 1.2 to
-  // 1.7x as fast at 2 and 4 channels per offset group, 1.0 to 1.5x at 8 in 16 bits
-  // (deform_conv2d_ab_offset_group_units_NVIDIA_H100_2026-12-06.md); the same order for staged
-  // units ran 0.87 to 1.23x.
+  const bool loop_taps = Cg > 1 && U / s <= 2;
+  const bool staged = !loop_taps && U / s > 1;
+  // Where a unit is one or two items (the taps kernel), a warp takes at most 8 units of a (row,
+  // group, tap) and at least 4 rows (a sector of their float32 offsets a plane); staged units
+  // (more items) load their sampling point once for U / s items, and keep (row, group, tap, u).
+  // H100, forwards 1.2 to 1.7x as fast at 2 and 4 channels per offset group, 1.0 to 1.5x at 8
+  // in 16 bits (deform_conv2d_ab_offset_group_units_NVIDIA_H100_2026-12-06.md); the same order
+  // for staged units ran 0.87 to 1.23x. The taps kernel over one tap a thread: 1.2 to 1.5x at
+  // 2 and 4 channels; over staging two-item units: 1.04 to 1.38x
+  // (deform_conv2d_ab_column_taps_NVIDIA_H100_2026-12-06.md).
   const int64_t per_tap = Cg / U;
+  int64_t lanes = per_tap, R = 1, slices = g.taps();
   const auto units_in_blocks_of = [&](int64_t rows) {
-    return ceil_div(ch.rows(), rows) * rows * g.groups * g.taps() * per_tap;
+    return ceil_div(ch.rows(), rows) * rows * g.groups * slices * per_tap;
   };
-  int64_t lanes = per_tap, R = 1;
-  if (!staged && Cg > 1) {
+  if (loop_taps) {
     lanes = std::min<int64_t>(per_tap, 8);
     while (per_tap % lanes != 0) --lanes;
     R = std::min<int64_t>(C10_WARP_SIZE / lanes, std::max<int64_t>(ch.rows(), 1));
@@ -1424,20 +1518,40 @@ void launch_im2col(
   L.lanes = Divider(static_cast<uint32_t>(lanes));
   L.lane_sets = Divider(static_cast<uint32_t>(per_tap / lanes));
   L.block_rows = Divider(static_cast<uint32_t>(R));
-  L.units = units_in_blocks_of(R);
   // About 8 items per thread of a 256-thread block, at most a unit per thread (staged: more
   // than one item per unit).
   L.nu = static_cast<int>(std::clamp<int64_t>(2048 / (U / s), 1, cuda::kThreads));
   L.groups_fastest = Cg == 1;
-  if (L.units == 0) return;
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t blocks = std::min(ceil_div(L.units, staged ? L.nu : cuda::kThreads), sms * 16);
   with_vector_width<T, 16 / static_cast<int>(sizeof(T))>(s, [&](auto sw) {
     constexpr int S = decltype(sw)::value;
-    deform_conv2d_im2col_kernel<T, S>
-        <<<static_cast<unsigned>(blocks), cuda::block_size("deform_conv2d_im2col_kernel"),
-           staged ? L.nu * unit_smem_bytes<T, S>() : 0, at::cuda::getCurrentCUDAStream()>>>(
-            xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, col.data_ptr<T>());
+    const auto kernel = !loop_taps   ? deform_conv2d_im2col_kernel<T, S>
+                        : U / s == 1 ? deform_conv2d_im2col_taps_kernel<T, S, 1>
+                                     : deform_conv2d_im2col_taps_kernel<T, S, 2>;
+    int64_t tpt = 1;
+    if (loop_taps) {
+      // A thread takes as many taps as leave kTapWaves waves of the threads that the GPU holds
+      // at once (the kernel's registers allow), in slices of equal size: each unit decoded once
+      // and several taps' loads in flight, with a tail of at most a quarter of a wave.
+      const int64_t resident =
+          sms * resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), cuda::kThreads) * cuda::kThreads;
+      tpt = std::clamp<int64_t>(units_in_blocks_of(R) / std::max<int64_t>(resident * kTapWaves, 1), 1, g.taps());
+      tpt = ceil_div(g.taps(), ceil_div(g.taps(), tpt));
+      // Test hook: taps per thread forced, so that small layers run slices of several taps.
+      if (const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_TAPS_PER_THREAD")) {
+        tpt = std::clamp<int64_t>(std::atoi(v), 1, g.taps());
+      }
+    }
+    slices = ceil_div(g.taps(), tpt);
+    L.slices = Divider(static_cast<uint32_t>(slices));
+    L.taps_per_thread = static_cast<int>(tpt);
+    L.units = units_in_blocks_of(R);
+    if (L.units == 0) return;
+    const int64_t blocks = std::min(ceil_div(L.units, staged ? L.nu : cuda::kThreads), sms * 16);
+    kernel<<<
+        static_cast<unsigned>(blocks), cuda::block_size("deform_conv2d_im2col_kernel"),
+        staged ? L.nu * unit_smem_bytes<T, S>() : 0, at::cuda::getCurrentCUDAStream()>>>(
+        xs.const_data_ptr<T>(), o.off.const_data_ptr<T>(), o.mask_ptr<T>(), L, col.data_ptr<T>());
     CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_im2col_kernel");
   });
 }
