@@ -250,8 +250,9 @@ __device__ __forceinline__ void atomic_add_vec(A* dst, const A (&v)[V]) {
 // a sampling point is computed once, not once per item (H200, 8x256x64x64 float16: 34 -> 28
 // us per chunk of columns, and 73 -> 40 us with 4 offset groups, against the previous kernel
 // that computed the point per 64-byte item; docs/deform_conv2d.md). Units of one or two items
-// go to the taps kernel instead (unit_taps). With one channel per group (groups_fastest) the units go groups fastest
-// instead (unit q: row, tap, group), so that a warp reads adjacent channels.
+// go to the taps kernel instead (unit_taps). With one channel per group (groups_fastest) the
+// units go groups fastest instead (unit q: row, tap, group), so that a warp reads adjacent
+// channels.
 struct UnitLayout {
   DeformConv2dGeometry g;
   Chunk ch;
