@@ -684,6 +684,11 @@ TAPS_PER_THREAD_CONFIGS = {
     "narrow_offset_groups_in_sets": CONFIGS["narrow_offset_groups_in_sets"],
     "units_of_8_channels": dict(B=2, C=32, H=6, W=7, C_out=8, groups=1, og=4),
     "units_of_16_channels": dict(B=2, C=32, H=5, W=6, C_out=8, groups=1, og=2),
+    # Padding and dilation past float32's integers: a tap's base point must round once, as the
+    # CPU's does (-2^24 - 1 + 2^24 + 2 is 1; rounded twice it is 2).
+    "huge_padding_and_dilation": dict(
+        B=1, C=4, H=8, W=5, C_out=2, groups=1, og=2, k=(2, 1), stride=(2**24, 1), pad=(2**24 + 1, 0), dil=(2**24 + 2, 1)
+    ),
 }
 
 

@@ -400,8 +400,9 @@ __device__ __forceinline__ void unit_taps(
   const T* mb = msk ? msk + ok0 * P + p : nullptr;
   const T* img = xs + rb.div * g.height * g.width * g.in_channels + c0;
   T* dst = col + (static_cast<int64_t>(r) * g.groups + gi) * taps * g.in_per_group() + c0 - gi * g.in_per_group();
-  const A y_base = static_cast<A>(yx.div * g.stride_h - g.pad_h),
-          x_base = static_cast<A>(yx.mod * g.stride_w - g.pad_w);
+  // Integer until the offset is added, as sample_at: one rounding to A, so that the same
+  // point is sampled at any padding and dilation.
+  const int64_t y_base = yx.div * g.stride_h - g.pad_h, x_base = yx.mod * g.stride_w - g.pad_w;
   const int k_end = static_cast<int>(std::min<int64_t>(taps, (sl.mod + 1) * L.taps_per_thread));
   int k = static_cast<int>(sl.mod) * L.taps_per_thread;
   int i = k / static_cast<int>(g.kw), j = k - i * static_cast<int>(g.kw);
@@ -417,8 +418,8 @@ __device__ __forceinline__ void unit_taps(
 #pragma unroll
     for (int t = 0; t < kTapBatch; ++t) {
       if (k + t >= k_end) break;
-      const BilinearTap<A> tap =
-          bilinear_tap<A>(y_base + i * g.dil_h + y[t], x_base + j * g.dil_w + x[t], g.height, g.width);
+      const BilinearTap<A> tap = bilinear_tap<A>(
+          static_cast<A>(y_base + i * g.dil_h) + y[t], static_cast<A>(x_base + j * g.dil_w) + x[t], g.height, g.width);
       int64_t src[4];
       W w[4];
 #pragma unroll
