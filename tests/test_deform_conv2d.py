@@ -995,6 +995,32 @@ def test_cuda_channels_last_and_strided_inputs_give_the_same_result(forward, mon
     torch.testing.assert_close(res, out, atol=1e-5, rtol=1e-5)
 
 
+# A channels_last output of one group in 16 bits takes cuBLASLt's bias epilogue where every
+# chunk's output fills a wave of 128 x 128 tiles (256 here, 8 at the small size), and the bias
+# pass (deform_conv2d_bias_kernel) elsewhere: both against the CPU kernel in float64.
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("H, epilogue", [(128, True), (32, False)], ids=["a_wave_of_tiles", "fewer"])
+def test_cuda_channels_last_16_bit_bias_in_the_gemm_or_a_pass(dtype, H, epilogue, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if epilogue and 2 * H * H // 128 < sms:
+        pytest.skip(f"the layer's output has fewer 128 x 128 tiles than this GPU's {sms} SMs")
+    kw = _inputs(B=2, C=8, H=H, W=H, C_out=8, groups=1, og=1, scale=1.5)
+    kw = dict(kw, offset=(kw["offset"] * 256).round() / 256)  # exact sampling positions in float32
+    kw = {k: (v.to(dtype).double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    ref = customops.deform_conv2d(**kw)
+    gpu = {k: (v.to(device="cuda", dtype=dtype) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    gpu["input"] = gpu["input"].to(memory_format=torch.channels_last)
+    out, names = _kernel_names(customops.deform_conv2d, gpu)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    if names is not None:
+        assert any("deform_conv2d_im2col" in n for n in names), sorted(set(names))
+        assert any("deform_conv2d_bias_kernel" in n for n in names) != epilogue, sorted(set(names))
+    rel = ((out.double().cpu() - ref).norm() / ref.norm()).item()
+    assert rel < CUDA_TOL[dtype][0], rel
+
+
 @needs_cuda
 @needs_torchvision
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

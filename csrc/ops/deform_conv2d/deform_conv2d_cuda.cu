@@ -260,9 +260,9 @@ struct UnitLayout {
   Divider taps, groups, n, out_w, kw, og_channels;
   // The units u < in_per_group / U of a (row, group, tap) as lane_sets x lanes, and rows side
   // by side in blocks: unit q is (row block, group, tap, lane set, row, lane), so that a warp's
-  // offset and mask loads, where a unit is one or two items, are of a few adjacent pixels' few
-  // offset groups, not of one pixel's many, whose planes lie taps * P apart (staged units: one
-  // row a block, one set: (row, group, tap, u)).
+  // offset and mask loads are of a few adjacent pixels' few offset groups, not of one pixel's
+  // many, whose planes lie taps * P apart (staged units of one offset group a tap: one row a
+  // block, one set: (row, group, tap, u)).
   Divider lanes, block_rows, lane_sets;
   // The taps kernel: a thread takes taps_per_thread consecutive taps of its (row, group, u),
   // the tap slices taking the taps' place in q (launch_im2col).
@@ -279,6 +279,24 @@ using UnitWeight = std::conditional_t<kPackedBlend<T, S>, typename Packed<T>::T2
 template <typename T, int S>
 constexpr int64_t unit_smem_bytes() {
   return 4 * sizeof(int64_t) + 4 * sizeof(UnitWeight<T, S>) + sizeof(int64_t);
+}
+
+// A sampling point's corners as element offsets of their first channels in a channels-last
+// image (pixel stride C, the point's channels at c0 of pixels from pixel0; -1: none) and their
+// weights with the mask m folded in (splat to pairs for the packed blend).
+template <typename T, int S>
+__device__ __forceinline__ void unit_corners(
+    const BilinearTap<at::opmath_type<T>>& tap, at::opmath_type<T> m, int64_t pixel0, int64_t C, int64_t c0,
+    int64_t (&src)[4], UnitWeight<T, S> (&w)[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    src[c] = tap.idx[c] < 0 ? -1 : (pixel0 + tap.idx[c]) * C + c0;
+    if constexpr (kPackedBlend<T, S>) {
+      w[c] = Packed<T>::splat(tap.w[c] * m);
+    } else {
+      w[c] = tap.w[c] * m;
+    }
+  }
 }
 
 // The sampling point of unit q: the element offsets in xs of its four corners' first channels
@@ -314,15 +332,7 @@ unit_point(const UnitLayout& L, uint32_t q, const T* off, const T* msk, int64_t 
   const BilinearTap<A> tap = sample_at<T, A>(
       g, off + b * g.offset_groups * taps * 2 * P, msk ? msk + b * g.offset_groups * taps * P : nullptr, yx.div, yx.mod,
       p, ij.div, ij.mod, L.og_channels.div(c0) * taps + k, &m);
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    src[c] = tap.idx[c] < 0 ? -1 : (bl * g.height * g.width + tap.idx[c]) * g.in_channels + c0;
-    if constexpr (kPackedBlend<T, S>) {
-      w[c] = Packed<T>::splat(tap.w[c] * m);
-    } else {
-      w[c] = tap.w[c] * m;
-    }
-  }
+  unit_corners<T, S>(tap, m, bl * g.height * g.width, g.in_channels, c0, src, w);
   const int64_t unit = (static_cast<int64_t>(r) * g.groups + gi) * taps + k;
   return L.groups_fastest ? unit : (unit * L.lanes.divisor * L.lane_sets.divisor + u) * L.U;
 }
@@ -422,15 +432,7 @@ __device__ __forceinline__ void unit_taps(
           static_cast<A>(y_base + i * g.dil_h) + y[t], static_cast<A>(x_base + j * g.dil_w) + x[t], g.height, g.width);
       int64_t src[4];
       W w[4];
-#pragma unroll
-      for (int cn = 0; cn < 4; ++cn) {
-        src[cn] = tap.idx[cn] < 0 ? -1 : tap.idx[cn] * g.in_channels;
-        if constexpr (kPackedBlend<T, S>) {
-          w[cn] = Packed<T>::splat(tap.w[cn] * m[t]);
-        } else {
-          w[cn] = tap.w[cn] * m[t];
-        }
-      }
+      unit_corners<T, S>(tap, m[t], 0, g.in_channels, 0, src, w);
 #pragma unroll
       for (int it = 0; it < kItems; ++it) {
         int64_t at[4];
@@ -1497,20 +1499,21 @@ void launch_im2col(
   L.og_channels = Divider(static_cast<uint32_t>(g.in_per_offset_group()));
   const bool loop_taps = Cg > 1 && U / s <= 2;
   const bool staged = !loop_taps && U / s > 1;
-  // Where a unit is one or two items (the taps kernel), a warp takes at most 8 units of a (row,
-  // group, tap) and at least 4 rows (a sector of their float32 offsets a plane); staged units
-  // (more items) load their sampling point once for U / s items, and keep (row, group, tap, u).
-  // H100, forwards 1.2 to 1.7x as fast at 2 and 4 channels per offset group, 1.0 to 1.5x at 8
-  // in 16 bits (deform_conv2d_ab_offset_group_units_NVIDIA_H100_2026-12-06.md); the same order
-  // for staged units ran 0.87 to 1.23x. The taps kernel over one tap a thread: 1.2 to 1.5x at
-  // 2 and 4 channels; over staging two-item units: 1.04 to 1.38x
+  // Where a (row, group, tap) has several units (several offset groups), a warp takes at most
+  // 8 units of a (row, group, tap) and at least 4 rows (a sector of their offsets a plane);
+  // staged units of one offset group a tap keep (row, group, tap, u). H100, forwards 1.2 to
+  // 1.7x as fast at 2 and 4 channels per offset group, 1.0 to 1.5x at 8 in 16 bits
+  // (deform_conv2d_ab_offset_group_units_NVIDIA_H100_2026-12-06.md); staged units with several
+  // a tap 1.01 to 1.10x (4 to 16 offset groups of 32 to 64 channels), with one 0.98 to 1.00x
+  // (deform_conv2d_ab_staged_rows_NVIDIA_H100_2026-12-06.md). The taps kernel over one tap a
+  // thread: 1.2 to 1.5x at 2 and 4 channels; over staging two-item units: 1.04 to 1.38x
   // (deform_conv2d_ab_column_taps_NVIDIA_H100_2026-12-06.md).
   const int64_t per_tap = Cg / U;
   int64_t lanes = per_tap, R = 1, slices = g.taps();
   const auto units_in_blocks_of = [&](int64_t rows) {
     return ceil_div(ch.rows(), rows) * rows * g.groups * slices * per_tap;
   };
-  if (loop_taps) {
+  if (loop_taps || (staged && per_tap > 1)) {
     lanes = std::min<int64_t>(per_tap, 8);
     while (per_tap % lanes != 0) --lanes;
     R = std::min<int64_t>(C10_WARP_SIZE / lanes, std::max<int64_t>(ch.rows(), 1));
@@ -1940,7 +1943,17 @@ void forward_impl(
     at::Tensor buf;
     if (!nhwc) buf = at::empty({max_rows, g.out_channels}, opts);
     const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-    if (nhwc && b.defined()) fill_bias<T>(out, b);
+    // 16-bit, one group, into the output: cuBLASLt's bias epilogue (at::addmm_out with a 1-D
+    // bias) where every chunk's output fills a wave of 128 x 128 tiles. There it saved the bias
+    // pass and the C operand's read (H100, channels_last forwards 1.05 to 1.17x as fast at batch
+    // 8); on smaller outputs, where cuBLAS splits K, it lost (ASPP 7x7 at batch 8, 0.87x).
+    const int64_t min_rows = std::min_element(chunks.begin(), chunks.end(), [](const Chunk& x, const Chunk& y) {
+                               return x.rows() < y.rows();
+                             })->rows();
+    const bool bias_epilogue = nhwc && b.defined() && g.groups == 1 && sizeof(T) == 2 &&
+                               ceil_div(min_rows, 128) * ceil_div(g.out_channels, 128) >=
+                                   at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    if (nhwc && b.defined() && !bias_epilogue) fill_bias<T>(out, b);
     // (K, C_out), or per group (G, Kg, C_out / G)
     const at::Tensor wt = g.groups == 1 ? strided(o.w, 0, {K, g.out_channels}, {1, K})
                                         : strided(o.w, 0, {g.groups, Kg, Cg}, {Cg * Kg, 1, Kg});
@@ -1952,7 +1965,9 @@ void forward_impl(
       at::Tensor& rows_of = nhwc ? out : buf;
       const int64_t first = nhwc ? (ch.b0 * P + ch.p0) * g.out_channels : 0;
       at::Tensor dst = strided(rows_of, first, {rows, g.out_channels}, {g.out_channels, 1});
-      if (g.groups == 1) {
+      if (bias_epilogue) {
+        at::cuda::addmm_out(dst, b, strided(gcol, 0, {rows, K}, {K, 1}), wt);
+      } else if (g.groups == 1) {
         matmul_into(dst, strided(gcol, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
       } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the rows
         at::Tensor dst_g = strided(rows_of, first, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
