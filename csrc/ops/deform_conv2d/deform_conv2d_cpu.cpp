@@ -484,22 +484,32 @@ void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, 
   });
 }
 
-// What the forward and the backward both read, converted to the compute type T.
+// What the forward and the backward both read, converted to the compute type T. The images
+// are read channels-last: a channels_last input of type T in place, any other a chunk of images
+// at a time (stage), copied into one buffer that every chunk reuses. A copy of the whole batch
+// was a fresh allocation per call, whose page faults took most of the copy's time (2 threads,
+// 16x64x128x64 -> 32, 1x1 at stride 2: 19 of 34 ms of the forward; docs/deform_conv2d.md).
 template <typename T>
 struct Operands {
   // w2: (groups, out_channels / groups, kh * kw * in_channels / groups), in the GEMMs' order
-  at::Tensor x, off, msk, zero, w2;
+  at::Tensor input, x, off, msk, zero, w2;
+  at::TensorOptions opts;  // T, contiguous, on the CPU
   DeformConv2dGeometry g;
+  int64_t b0 = 0, nb = 0;  // the images that x holds (all of them where it is the input)
 
   Operands(
-      const DeformConv2dGeometry& geo, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
+      const DeformConv2dGeometry& geo, const at::Tensor& input_, const at::Tensor& offset, const at::Tensor& weight,
       const c10::optional<at::Tensor>& mask, bool need_weight, bool weight_order)
-      : g(geo) {
+      : input(input_), g(geo) {
     const auto ct = c10::CppTypeToScalarType<T>::value;
-    x = input.to(ct).contiguous(at::MemoryFormat::ChannelsLast);
+    opts = input.options().dtype(ct).memory_format(at::MemoryFormat::Contiguous);
+    if (input.scalar_type() == ct && input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+      x = input;
+      nb = g.batch;
+    }
     off = offset.to(ct).contiguous();
     if (mask.has_value()) msk = mask->to(ct).contiguous();
-    zero = at::zeros({g.in_channels}, x.options());
+    zero = at::zeros({g.in_channels}, opts);
     if (need_weight) {
       const at::Tensor w = weight.to(ct);
       w2 = (weight_order ? w : w.permute({0, 2, 3, 1}))
@@ -508,10 +518,23 @@ struct Operands {
     }
   }
 
+  // Images first .. first + count - 1 channels-last in x, for image(b); capacity: the most
+  // images a chunk of the call stages (the buffer's size).
+  void stage(int64_t first, int64_t count, int64_t capacity) {
+    if (x.is_same(input) || (first == b0 && count <= nb)) return;
+    if (!x.defined())
+      x = at::empty({capacity, g.in_channels, g.height, g.width}, opts.memory_format(at::MemoryFormat::ChannelsLast));
+    TORCH_INTERNAL_ASSERT(count <= x.size(0));
+    x.narrow(0, 0, count).copy_(input.narrow(0, first, count));
+    b0 = first;
+    nb = count;
+  }
+
   Image<T> image(int64_t b) const {
+    TORCH_INTERNAL_ASSERT(b >= b0 && b < b0 + nb, "deform_conv2d: image ", b, " is not staged");
     const int64_t P = g.out_pixels();
     return Image<T>{
-        x.const_data_ptr<T>() + b * g.height * g.width * g.in_channels,
+        x.const_data_ptr<T>() + (b - b0) * g.height * g.width * g.in_channels,
         off.const_data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P,
         msk.defined() ? msk.const_data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr,
         zero.const_data_ptr<T>(), g};
@@ -582,21 +605,21 @@ at::Tensor forward_impl(
   const auto ct = c10::CppTypeToScalarType<T>::value;
   const ColumnLayout L(g);
   const bool weight_order = gemm_in_weight_order(g, L);
-  const Operands<T> ops(g, input, offset, weight, mask, !L.depthwise, weight_order);
+  Operands<T> ops(g, input, offset, weight, mask, !L.depthwise, weight_order);
   at::Tensor out_t = out.scalar_type() == ct ? out : at::empty_like(out, out.options().dtype(ct));
   const at::Tensor out3 = out_t.flatten(2);  // (batch, out_channels, pixels), a view in either format
   if (L.depthwise) {
     const at::Tensor wt = weight.to(ct).reshape({g.in_channels, g.taps()}).t().contiguous();
-    at::Tensor rows =
-        at::empty({g.out_pixels(), g.in_channels}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor rows = at::empty({g.out_pixels(), g.in_channels}, ops.opts);
     for (int64_t b = 0; b < g.batch; ++b) {
+      ops.stage(b, 1, 1);
       depthwise(ops.image(b), wt.const_data_ptr<T>(), rows.data_ptr<T>());
       out3[b].copy_(rows.t());
     }
   } else {
     const int64_t P = g.out_pixels(), images = images_per_chunk(g, L, sizeof(T));
     const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
-    at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor col = at::empty({chunk, L.row}, ops.opts);
     const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
     // The GEMMs' operand for a chunk of n rows whose columns im2col has written.
     const auto gemm_cols = [&](int64_t n) {
@@ -611,6 +634,7 @@ at::Tensor forward_impl(
       at::Tensor rows = at::empty({images * P, g.out_per_group()}, col.options());
       for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
         const int64_t nb = std::min(images, g.batch - b0);
+        ops.stage(b0, nb, images);
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
         const at::Tensor cols = gemm_cols(nb * P);
         at::Tensor dst = rows.narrow(0, 0, nb * P);
@@ -623,6 +647,7 @@ at::Tensor forward_impl(
       }
     } else {
       for (int64_t b = 0; b < g.batch; ++b) {
+        ops.stage(b, 1, 1);
         const Image<T> im = ops.image(b);
         for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
           const int64_t n = std::min(chunk, g.out_pixels() - p0);
@@ -664,14 +689,14 @@ void backward_impl(
   const bool need_gcol = want[0] || want[1] || want[4];
   const ColumnLayout L(g);
   const bool weight_order = gemm_in_weight_order(g, L);
-  const Operands<T> ops(g, input, offset, weight, mask, need_gcol, weight_order);
+  Operands<T> ops(g, input, offset, weight, mask, need_gcol, weight_order);
   const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const int64_t P = g.out_pixels();
   // Several small images per chunk as in the forward, with grad_out's chunk copied to
   // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms).
   const int64_t images = images_per_chunk(g, L, sizeof(T));
   const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
-  at::Tensor col = at::empty({chunk, L.row}, ops.x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor col = at::empty({chunk, L.row}, ops.opts);
   const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
   const Runs runs = runs_by_offset_group(g);
   // grad_weight (not zero-filled): the first chunk's GEMMs write it, the others add to it.
@@ -701,6 +726,7 @@ void backward_impl(
     at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
     for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
       const int64_t nb = std::min(images, g.batch - b0);
+      ops.stage(b0, nb, images);
       at::Tensor gor = go_rows.narrow(1, 0, nb * P);
       gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
       if (want[2]) {
@@ -728,6 +754,7 @@ void backward_impl(
     return;
   }
   for (int64_t b = 0; b < g.batch; ++b) {
+    ops.stage(b, 1, 1);
     const Image<T> im = ops.image(b);
     T* gx = want[0] ? gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels : nullptr;
     T* goff = want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr;
