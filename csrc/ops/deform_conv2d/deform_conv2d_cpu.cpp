@@ -559,7 +559,7 @@ bool grads_by_image(
       const int64_t b = b0 + bl;
       const Image<T> im = ops.image(b);
       const T* gc = gcol + bl * P * row;
-      T* gxb = gx ? gx + b * g.height * g.width * g.in_channels : nullptr;
+      T* gxb = gx ? gx + bl * g.height * g.width * g.in_channels : nullptr;
       T* goffb = goff ? goff + b * g.offset_groups * g.taps() * 2 * P : nullptr;
       T* gmaskb = gmask ? gmask + b * g.offset_groups * g.taps() * P : nullptr;
 #if CUSTOMOPS_DC_AVX2
@@ -683,7 +683,7 @@ using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tenso
 template <typename T>
 void backward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset,
-    const at::Tensor& weight, const c10::optional<at::Tensor>& mask, std::array<bool, 5> want, at::Tensor& gx_t,
+    const at::Tensor& weight, const c10::optional<at::Tensor>& mask, std::array<bool, 5> want, at::Tensor& grad_input,
     at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
   const auto ct = c10::CppTypeToScalarType<T>::value;
   const bool need_gcol = want[0] || want[1] || want[4];
@@ -722,6 +722,20 @@ void backward_impl(
     }
     if (weight_order) reorder_columns(colw.narrow(0, 0, n), col.narrow(0, 0, n), g, false);
   };
+  // grad_input's accumulator, channels-last (col2im's layout) in T, for a chunk of images at a
+  // time: zeroed per chunk, moved into grad_input after it. For the whole batch it was two fresh
+  // allocations per call (the accumulator and its NCHW copy) whose page faults cost more than
+  // the copies (docs/deform_conv2d.md).
+  at::Tensor gx_acc =
+      want[0] ? at::empty({std::max<int64_t>(images, 1), g.height, g.width, g.in_channels}, ops.opts) : at::Tensor();
+  const auto gx_begin = [&](int64_t nb) -> T* {
+    if (!want[0]) return nullptr;
+    gx_acc.narrow(0, 0, nb).zero_();
+    return gx_acc.data_ptr<T>();
+  };
+  const auto gx_end = [&](int64_t b0, int64_t nb) {
+    if (want[0]) grad_input.narrow(0, b0, nb).copy_(gx_acc.narrow(0, 0, nb).permute({0, 3, 1, 2}));
+  };
   if (images > 0) {
     at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
     for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
@@ -735,28 +749,29 @@ void backward_impl(
       }
       if (!need_gcol) continue;
       grad_columns(nb * P, gor);
-      if (grads_by_image(
-              ops, runs, b0, nb, col.const_data_ptr<T>(), want[0] ? gx_t.data_ptr<T>() : nullptr,
-              want[1] ? goff_t.data_ptr<T>() : nullptr, want[4] ? gmask_t.data_ptr<T>() : nullptr)) {
-        continue;
-      }
-      for (int64_t b = b0; b < b0 + nb; ++b) {
-        const Image<T> im = ops.image(b);
-        const T* gcol = col.const_data_ptr<T>() + (b - b0) * P * L.row;
-        if (want[0]) col2im(im, 0, P, gcol, gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels);
-        if (want[1] || want[4]) {
-          coord_grad(
-              im, runs, 0, P, gcol, want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr,
-              want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr);
+      T* gx = gx_begin(nb);
+      if (!grads_by_image(
+              ops, runs, b0, nb, col.const_data_ptr<T>(), gx, want[1] ? goff_t.data_ptr<T>() : nullptr,
+              want[4] ? gmask_t.data_ptr<T>() : nullptr)) {
+        for (int64_t b = b0; b < b0 + nb; ++b) {
+          const Image<T> im = ops.image(b);
+          const T* gcol = col.const_data_ptr<T>() + (b - b0) * P * L.row;
+          if (gx) col2im(im, 0, P, gcol, gx + (b - b0) * g.height * g.width * g.in_channels);
+          if (want[1] || want[4]) {
+            coord_grad(
+                im, runs, 0, P, gcol, want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr,
+                want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr);
+          }
         }
       }
+      gx_end(b0, nb);
     }
     return;
   }
   for (int64_t b = 0; b < g.batch; ++b) {
     ops.stage(b, 1, 1);
     const Image<T> im = ops.image(b);
-    T* gx = want[0] ? gx_t.data_ptr<T>() + b * g.height * g.width * g.in_channels : nullptr;
+    T* gx = gx_begin(1);
     T* goff = want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr;
     T* gmask = want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr;
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
@@ -788,6 +803,7 @@ void backward_impl(
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
     }
+    gx_end(b, 1);
   }
 }
 
@@ -803,9 +819,13 @@ BackwardOutputs deform_conv2d_backward_cpu(
   const auto ct = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto opts = input.options().dtype(ct);
   const bool empty = g.batch == 0 || g.out_channels == 0;
-  // Compute-type buffers: grad_input channels-last (col2im's layout), grad_weight as the GEMMs'
-  // (groups, out_channels / groups, kh * kw * in_channels / groups).
-  at::Tensor gx_t = want[0] ? at::zeros({g.batch, g.height, g.width, g.in_channels}, opts) : at::Tensor();
+  // grad_input as returned (NCHW, the input's dtype), which backward_impl fills a chunk of images
+  // at a time; compute-type buffers: grad_weight as the GEMMs' (groups, out_channels / groups,
+  // kh * kw * in_channels / groups).
+  const auto nchw = input.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor grad_input = !want[0] ? at::Tensor()
+                          : empty  ? at::zeros(input.sizes(), nchw)
+                                   : at::empty(input.sizes(), nchw);
   at::Tensor goff_t = want[1] ? at::zeros(offset.sizes(), opts) : at::Tensor();
   at::Tensor gmask_t = want[4] ? at::zeros(mask->sizes(), opts) : at::Tensor();
   // grad_weight: written whole by backward_impl's first chunk where there is one.
@@ -814,14 +834,14 @@ BackwardOutputs deform_conv2d_backward_cpu(
   const bool any = want[0] || want[1] || want[2] || want[4];
   if (any && !empty) {
     if (ct == at::kDouble) {
-      backward_impl<double>(g, grad_out, input, offset, weight, mask, want, gx_t, goff_t, gw_t, gmask_t);
+      backward_impl<double>(g, grad_out, input, offset, weight, mask, want, grad_input, goff_t, gw_t, gmask_t);
     } else {
-      backward_impl<float>(g, grad_out, input, offset, weight, mask, want, gx_t, goff_t, gw_t, gmask_t);
+      backward_impl<float>(g, grad_out, input, offset, weight, mask, want, grad_input, goff_t, gw_t, gmask_t);
     }
   }
   const auto dt = input.scalar_type();
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
-  at::Tensor grad_input = want[0] ? gx_t.permute({0, 3, 1, 2}).contiguous().to(dt) : none();
+  if (!want[0]) grad_input = none();
   at::Tensor grad_offset = want[1] ? goff_t.to(dt) : none();
   at::Tensor grad_weight = none();
   if (want[2] && gemm_in_weight_order(g, ColumnLayout(g))) {
