@@ -484,11 +484,20 @@ void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, 
   });
 }
 
+// Images per copy of the inputs' channels-last images and of grad_input's accumulator: about
+// kColumnBudget bytes, at least one. Whole-batch copies were fresh allocations per call whose
+// page faults took most of the copy's time (2 threads, 16x64x128x64 -> 32, 1x1 at stride 2: 19
+// of 34 ms of the forward); a copy per image was a few ATen calls per image, which small images
+// felt (8x16x28x50 -> 2: forward + backward 1.55 -> 1.75 ms; docs/deform_conv2d.md).
+inline int64_t images_per_copy(const DeformConv2dGeometry& g, int64_t elem_size) {
+  const int64_t image = std::max<int64_t>(1, g.height * g.width * g.in_channels * elem_size);
+  return std::clamp<int64_t>(kColumnBudget / image, 1, std::max<int64_t>(g.batch, 1));
+}
+
 // What the forward and the backward both read, converted to the compute type T. The images
-// are read channels-last: a channels_last input of type T in place, any other a chunk of images
-// at a time (stage), copied into one buffer that every chunk reuses. A copy of the whole batch
-// was a fresh allocation per call, whose page faults took most of the copy's time (2 threads,
-// 16x64x128x64 -> 32, 1x1 at stride 2: 19 of 34 ms of the forward; docs/deform_conv2d.md).
+// are read channels-last: a channels_last input of type T in place, a batch of one copy's size
+// copied whole here (through stage's buffer, 1x48x75x75 forwards read 0.87 to 0.91 of this,
+// not understood), any other by stage, a few images at a time into one reused buffer.
 template <typename T>
 struct Operands {
   // w2: (groups, out_channels / groups, kh * kw * in_channels / groups), in the GEMMs' order
@@ -496,15 +505,19 @@ struct Operands {
   at::TensorOptions opts;  // T, contiguous, on the CPU
   DeformConv2dGeometry g;
   int64_t b0 = 0, nb = 0;  // the images that x holds (all of them where it is the input)
+  int64_t per_copy = 1;
 
   Operands(
       const DeformConv2dGeometry& geo, const at::Tensor& input_, const at::Tensor& offset, const at::Tensor& weight,
       const c10::optional<at::Tensor>& mask, bool need_weight, bool weight_order)
-      : input(input_), g(geo) {
+      : input(input_), g(geo), per_copy(images_per_copy(geo, sizeof(T))) {
     const auto ct = c10::CppTypeToScalarType<T>::value;
     opts = input.options().dtype(ct).memory_format(at::MemoryFormat::Contiguous);
     if (input.scalar_type() == ct && input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
       x = input;
+      nb = g.batch;
+    } else if (per_copy >= g.batch) {
+      x = input.to(ct).contiguous(at::MemoryFormat::ChannelsLast);
       nb = g.batch;
     }
     off = offset.to(ct).contiguous();
@@ -518,16 +531,17 @@ struct Operands {
     }
   }
 
-  // Images first .. first + count - 1 channels-last in x, for image(b); capacity: the most
-  // images a chunk of the call stages (the buffer's size).
-  void stage(int64_t first, int64_t count, int64_t capacity) {
-    if (x.is_same(input) || (first == b0 && count <= nb)) return;
-    if (!x.defined())
-      x = at::empty({capacity, g.in_channels, g.height, g.width}, opts.memory_format(at::MemoryFormat::ChannelsLast));
-    TORCH_INTERNAL_ASSERT(count <= x.size(0));
-    x.narrow(0, 0, count).copy_(input.narrow(0, first, count));
+  // Images first .. first + count - 1 channels-last in x (and up to per_copy from first), for
+  // image(b).
+  void stage(int64_t first, int64_t count) {
+    if (first >= b0 && first + count <= b0 + nb) return;
+    const int64_t n = std::min(std::max(count, per_copy), g.batch - first);
+    if (!x.defined() || x.size(0) < n) {
+      x = at::empty({n, g.in_channels, g.height, g.width}, opts.memory_format(at::MemoryFormat::ChannelsLast));
+    }
+    x.narrow(0, 0, n).copy_(input.narrow(0, first, n));
     b0 = first;
-    nb = count;
+    nb = n;
   }
 
   Image<T> image(int64_t b) const {
@@ -612,7 +626,7 @@ at::Tensor forward_impl(
     const at::Tensor wt = weight.to(ct).reshape({g.in_channels, g.taps()}).t().contiguous();
     at::Tensor rows = at::empty({g.out_pixels(), g.in_channels}, ops.opts);
     for (int64_t b = 0; b < g.batch; ++b) {
-      ops.stage(b, 1, 1);
+      ops.stage(b, 1);
       depthwise(ops.image(b), wt.const_data_ptr<T>(), rows.data_ptr<T>());
       out3[b].copy_(rows.t());
     }
@@ -634,7 +648,7 @@ at::Tensor forward_impl(
       at::Tensor rows = at::empty({images * P, g.out_per_group()}, col.options());
       for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
         const int64_t nb = std::min(images, g.batch - b0);
-        ops.stage(b0, nb, images);
+        ops.stage(b0, nb);
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
         const at::Tensor cols = gemm_cols(nb * P);
         at::Tensor dst = rows.narrow(0, 0, nb * P);
@@ -647,7 +661,7 @@ at::Tensor forward_impl(
       }
     } else {
       for (int64_t b = 0; b < g.batch; ++b) {
-        ops.stage(b, 1, 1);
+        ops.stage(b, 1);
         const Image<T> im = ops.image(b);
         for (int64_t p0 = 0; p0 < g.out_pixels(); p0 += chunk) {
           const int64_t n = std::min(chunk, g.out_pixels() - p0);
@@ -679,6 +693,40 @@ at::Tensor deform_conv2d_cpu(
 }
 
 using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// grad_input (NCHW, the input's dtype) accumulated channels-last (col2im's layout) in T, a few
+// images at a time (images_per_copy, or a chunk's images): at(first, count) zeroes the
+// accumulator for the images from first, after moving the previous ones into grad_input, where
+// they are not its current images; flush moves the last ones.
+template <typename T>
+struct GradInput {
+  at::Tensor out, acc;
+  int64_t b0 = 0, nb = 0, per_copy, image;
+  DeformConv2dGeometry g;
+
+  GradInput(const at::Tensor& grad_input, const DeformConv2dGeometry& geo, at::TensorOptions opts, int64_t per)
+      : out(grad_input), per_copy(per), image(geo.height * geo.width * geo.in_channels), g(geo) {
+    if (out.defined()) acc = at::empty({per_copy, g.height, g.width, g.in_channels}, opts);
+  }
+
+  T* at(int64_t first, int64_t count) {
+    if (!out.defined()) return nullptr;
+    if (first < b0 || first + count > b0 + nb) {
+      flush();
+      const int64_t n = std::min(std::max(count, per_copy), g.batch - first);
+      if (acc.size(0) < n) acc = at::empty({n, g.height, g.width, g.in_channels}, acc.options());
+      acc.narrow(0, 0, n).zero_();
+      b0 = first;
+      nb = n;
+    }
+    return acc.data_ptr<T>() + (first - b0) * image;
+  }
+
+  void flush() {
+    if (out.defined() && nb > 0) out.narrow(0, b0, nb).copy_(acc.narrow(0, 0, nb).permute({0, 3, 1, 2}));
+    nb = 0;
+  }
+};
 
 template <typename T>
 void backward_impl(
@@ -722,25 +770,12 @@ void backward_impl(
     }
     if (weight_order) reorder_columns(colw.narrow(0, 0, n), col.narrow(0, 0, n), g, false);
   };
-  // grad_input's accumulator, channels-last (col2im's layout) in T, for a chunk of images at a
-  // time: zeroed per chunk, moved into grad_input after it. For the whole batch it was two fresh
-  // allocations per call (the accumulator and its NCHW copy) whose page faults cost more than
-  // the copies (docs/deform_conv2d.md).
-  at::Tensor gx_acc =
-      want[0] ? at::empty({std::max<int64_t>(images, 1), g.height, g.width, g.in_channels}, ops.opts) : at::Tensor();
-  const auto gx_begin = [&](int64_t nb) -> T* {
-    if (!want[0]) return nullptr;
-    gx_acc.narrow(0, 0, nb).zero_();
-    return gx_acc.data_ptr<T>();
-  };
-  const auto gx_end = [&](int64_t b0, int64_t nb) {
-    if (want[0]) grad_input.narrow(0, b0, nb).copy_(gx_acc.narrow(0, 0, nb).permute({0, 3, 1, 2}));
-  };
+  GradInput<T> gxc(want[0] ? grad_input : at::Tensor(), g, ops.opts, ops.per_copy);
   if (images > 0) {
     at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
     for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
       const int64_t nb = std::min(images, g.batch - b0);
-      ops.stage(b0, nb, images);
+      ops.stage(b0, nb);
       at::Tensor gor = go_rows.narrow(1, 0, nb * P);
       gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
       if (want[2]) {
@@ -749,7 +784,7 @@ void backward_impl(
       }
       if (!need_gcol) continue;
       grad_columns(nb * P, gor);
-      T* gx = gx_begin(nb);
+      T* gx = gxc.at(b0, nb);
       if (!grads_by_image(
               ops, runs, b0, nb, col.const_data_ptr<T>(), gx, want[1] ? goff_t.data_ptr<T>() : nullptr,
               want[4] ? gmask_t.data_ptr<T>() : nullptr)) {
@@ -764,14 +799,14 @@ void backward_impl(
           }
         }
       }
-      gx_end(b0, nb);
     }
+    gxc.flush();
     return;
   }
   for (int64_t b = 0; b < g.batch; ++b) {
-    ops.stage(b, 1, 1);
+    ops.stage(b, 1);
     const Image<T> im = ops.image(b);
-    T* gx = gx_begin(1);
+    T* gx = gxc.at(b, 1);
     T* goff = want[1] ? goff_t.data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P : nullptr;
     T* gmask = want[4] ? gmask_t.data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr;
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
@@ -803,8 +838,8 @@ void backward_impl(
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
     }
-    gx_end(b, 1);
   }
+  gxc.flush();
 }
 
 BackwardOutputs deform_conv2d_backward_cpu(
