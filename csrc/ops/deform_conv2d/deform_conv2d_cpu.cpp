@@ -694,23 +694,33 @@ at::Tensor deform_conv2d_cpu(
 
 using BackwardOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// grad_input (NCHW, the input's dtype) accumulated channels-last (col2im's layout) in T, a few
-// images at a time (images_per_copy, or a chunk's images): at(first, count) zeroes the
-// accumulator for the images from first, after moving the previous ones into grad_input, where
-// they are not its current images; flush moves the last ones.
+// grad_input accumulated channels-last (col2im's layout) in T. whole: grad_input is that
+// accumulator, (batch, H, W, C), zeroed, for the whole batch. Else grad_input is the NCHW result
+// in the input's dtype, accumulated a few images at a time (images_per_copy, or a chunk's images):
+// at(first, count) zeroes the accumulator for the images from first, after moving the previous
+// ones into grad_input, where they are not its current images; flush moves the last ones.
 template <typename T>
 struct GradInput {
   at::Tensor out, acc;
+  bool whole;
   int64_t b0 = 0, nb = 0, per_copy, image;
   DeformConv2dGeometry g;
 
-  GradInput(const at::Tensor& grad_input, const DeformConv2dGeometry& geo, at::TensorOptions opts, int64_t per)
-      : out(grad_input), per_copy(per), image(geo.height * geo.width * geo.in_channels), g(geo) {
-    if (out.defined()) acc = at::empty({per_copy, g.height, g.width, g.in_channels}, opts);
+  GradInput(
+      const at::Tensor& grad_input, bool whole_, const DeformConv2dGeometry& geo, at::TensorOptions opts, int64_t per)
+      : whole(whole_), per_copy(per), image(geo.height * geo.width * geo.in_channels), g(geo) {
+    if (!grad_input.defined()) return;
+    if (whole) {
+      acc = grad_input;
+      nb = g.batch;
+    } else {
+      out = grad_input;
+      acc = at::empty({per_copy, g.height, g.width, g.in_channels}, opts);
+    }
   }
 
   T* at(int64_t first, int64_t count) {
-    if (!out.defined()) return nullptr;
+    if (!acc.defined()) return nullptr;
     if (first < b0 || first + count > b0 + nb) {
       flush();
       const int64_t n = std::min(std::max(count, per_copy), g.batch - first);
@@ -723,8 +733,9 @@ struct GradInput {
   }
 
   void flush() {
+    if (whole) return;
     if (out.defined() && nb > 0) out.narrow(0, b0, nb).copy_(acc.narrow(0, 0, nb).permute({0, 3, 1, 2}));
-    nb = 0;
+    b0 = nb = 0;
   }
 };
 
@@ -732,7 +743,7 @@ template <typename T>
 void backward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset,
     const at::Tensor& weight, const c10::optional<at::Tensor>& mask, std::array<bool, 5> want, at::Tensor& grad_input,
-    at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
+    bool whole_grad_input, at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
   const auto ct = c10::CppTypeToScalarType<T>::value;
   const bool need_gcol = want[0] || want[1] || want[4];
   const ColumnLayout L(g);
@@ -770,7 +781,7 @@ void backward_impl(
     }
     if (weight_order) reorder_columns(colw.narrow(0, 0, n), col.narrow(0, 0, n), g, false);
   };
-  GradInput<T> gxc(want[0] ? grad_input : at::Tensor(), g, ops.opts, ops.per_copy);
+  GradInput<T> gxc(want[0] ? grad_input : at::Tensor(), whole_grad_input, g, ops.opts, ops.per_copy);
   if (images > 0) {
     at::Tensor go_rows = at::empty({g.out_channels, images * P}, col.options());  // the chunk's grad_out
     for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
@@ -854,12 +865,14 @@ BackwardOutputs deform_conv2d_backward_cpu(
   const auto ct = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto opts = input.options().dtype(ct);
   const bool empty = g.batch == 0 || g.out_channels == 0;
-  // grad_input as returned (NCHW, the input's dtype), which backward_impl fills a chunk of images
-  // at a time; compute-type buffers: grad_weight as the GEMMs' (groups, out_channels / groups,
-  // kh * kw * in_channels / groups).
+  // grad_input: where the batch fits one copy (images_per_copy), a channels-last accumulator in
+  // the compute type, converted at the end (GradInput); else the NCHW result in the input's
+  // dtype, which backward_impl fills a few images at a time. Compute-type buffers: grad_weight as
+  // the GEMMs' (groups, out_channels / groups, kh * kw * in_channels / groups).
+  const bool whole = empty || images_per_copy(g, c10::elementSize(ct)) >= g.batch;
   const auto nchw = input.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor grad_input = !want[0] ? at::Tensor()
-                          : empty  ? at::zeros(input.sizes(), nchw)
+                          : whole  ? at::zeros({g.batch, g.height, g.width, g.in_channels}, opts)
                                    : at::empty(input.sizes(), nchw);
   at::Tensor goff_t = want[1] ? at::zeros(offset.sizes(), opts) : at::Tensor();
   at::Tensor gmask_t = want[4] ? at::zeros(mask->sizes(), opts) : at::Tensor();
@@ -869,14 +882,18 @@ BackwardOutputs deform_conv2d_backward_cpu(
   const bool any = want[0] || want[1] || want[2] || want[4];
   if (any && !empty) {
     if (ct == at::kDouble) {
-      backward_impl<double>(g, grad_out, input, offset, weight, mask, want, grad_input, goff_t, gw_t, gmask_t);
+      backward_impl<double>(g, grad_out, input, offset, weight, mask, want, grad_input, whole, goff_t, gw_t, gmask_t);
     } else {
-      backward_impl<float>(g, grad_out, input, offset, weight, mask, want, grad_input, goff_t, gw_t, gmask_t);
+      backward_impl<float>(g, grad_out, input, offset, weight, mask, want, grad_input, whole, goff_t, gw_t, gmask_t);
     }
   }
   const auto dt = input.scalar_type();
   const auto none = [&] { return input.new_empty({0}); };  // one fresh tensor per output, never shared
-  if (!want[0]) grad_input = none();
+  if (!want[0]) {
+    grad_input = none();
+  } else if (whole) {
+    grad_input = grad_input.permute({0, 3, 1, 2}).contiguous().to(dt);
+  }
   at::Tensor grad_offset = want[1] ? goff_t.to(dt) : none();
   at::Tensor grad_weight = none();
   if (want[2] && gemm_in_weight_order(g, ColumnLayout(g))) {
