@@ -1,11 +1,11 @@
 // deform_conv2d and its backward, CPU kernels. Formula: deform_conv2d.h.
 //
-// The input is read channels-last (one copy, unless it already is channels_last in the
-// compute dtype): the four pixels around a sampling point are then four contiguous runs of
-// channels, so one tap of one output pixel is a vector loop over its offset group's
-// channels, with the bilinear weights computed once per (pixel, offset group, tap) rather
-// than once per channel. Per image and per chunk of output pixels (a column buffer of
-// chunk x in_channels * kh * kw values, column_chunk_pixels):
+// The input is read channels-last (copied, about 8 MB of images at a time, unless it already
+// is channels_last in the compute dtype: Operands): the four pixels around a sampling point
+// are then four contiguous runs of channels, so one tap of one output pixel is a vector loop
+// over its offset group's channels, with the bilinear weights computed once per (pixel, offset
+// group, tap) rather than once per channel. Per image and per chunk of output pixels (a column
+// buffer of chunk x in_channels * kh * kw values, column_chunk_pixels):
 //   forward: im2col (parallel over pixels), then one GEMM per group, written straight
 //     into the output (at::mm_out, BLAS); images smaller than a chunk go several to a chunk,
 //     with one GEMM over all their rows; depthwise: direct, a vector loop over channels per
