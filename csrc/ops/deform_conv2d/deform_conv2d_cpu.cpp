@@ -494,6 +494,19 @@ inline int64_t images_per_copy(const DeformConv2dGeometry& g, int64_t elem_size)
   return std::clamp<int64_t>(kColumnBudget / image, 1, std::max<int64_t>(g.batch, 1));
 }
 
+// The images b0 .. b0 + nb - 1 that a buffer of images holds. next(first, count): false where
+// it holds first .. first + count - 1; else it moves to the images from first, count of them
+// or per_copy, within the batch, and returns true.
+struct ImageRange {
+  int64_t b0 = 0, nb = 0;
+  bool next(int64_t first, int64_t count, int64_t per_copy, int64_t batch) {
+    if (first >= b0 && first + count <= b0 + nb) return false;
+    b0 = first;
+    nb = std::min(std::max(count, per_copy), batch - first);
+    return true;
+  }
+};
+
 // What the forward and the backward both read, converted to the compute type T. The images
 // are read channels-last: a channels_last input of type T in place, a batch of one copy's size
 // copied whole here (through stage's buffer, 1x48x75x75 forwards read 0.87 to 0.91 of this,
@@ -504,7 +517,7 @@ struct Operands {
   at::Tensor input, x, off, msk, zero, w2;
   at::TensorOptions opts;  // T, contiguous, on the CPU
   DeformConv2dGeometry g;
-  int64_t b0 = 0, nb = 0;  // the images that x holds (all of them where it is the input)
+  ImageRange held;  // the images that x holds (all of them where it is the input)
   int64_t per_copy = 1;
 
   Operands(
@@ -515,10 +528,10 @@ struct Operands {
     opts = input.options().dtype(ct).memory_format(at::MemoryFormat::Contiguous);
     if (input.scalar_type() == ct && input.is_contiguous(at::MemoryFormat::ChannelsLast)) {
       x = input;
-      nb = g.batch;
+      held.nb = g.batch;
     } else if (per_copy >= g.batch) {
       x = input.to(ct).contiguous(at::MemoryFormat::ChannelsLast);
-      nb = g.batch;
+      held.nb = g.batch;
     }
     off = offset.to(ct).contiguous();
     if (mask.has_value()) msk = mask->to(ct).contiguous();
@@ -534,21 +547,18 @@ struct Operands {
   // Images first .. first + count - 1 channels-last in x (and up to per_copy from first), for
   // image(b).
   void stage(int64_t first, int64_t count) {
-    if (first >= b0 && first + count <= b0 + nb) return;
-    const int64_t n = std::min(std::max(count, per_copy), g.batch - first);
-    if (!x.defined() || x.size(0) < n) {
-      x = at::empty({n, g.in_channels, g.height, g.width}, opts.memory_format(at::MemoryFormat::ChannelsLast));
+    if (!held.next(first, count, per_copy, g.batch)) return;
+    if (!x.defined() || x.size(0) < held.nb) {
+      x = at::empty({held.nb, g.in_channels, g.height, g.width}, opts.memory_format(at::MemoryFormat::ChannelsLast));
     }
-    x.narrow(0, 0, n).copy_(input.narrow(0, first, n));
-    b0 = first;
-    nb = n;
+    x.narrow(0, 0, held.nb).copy_(input.narrow(0, first, held.nb));
   }
 
   Image<T> image(int64_t b) const {
-    TORCH_INTERNAL_ASSERT(b >= b0 && b < b0 + nb, "deform_conv2d: image ", b, " is not staged");
+    TORCH_INTERNAL_ASSERT(b >= held.b0 && b < held.b0 + held.nb, "deform_conv2d: image ", b, " is not staged");
     const int64_t P = g.out_pixels();
     return Image<T>{
-        x.const_data_ptr<T>() + (b - b0) * g.height * g.width * g.in_channels,
+        x.const_data_ptr<T>() + (b - held.b0) * g.height * g.width * g.in_channels,
         off.const_data_ptr<T>() + b * g.offset_groups * g.taps() * 2 * P,
         msk.defined() ? msk.const_data_ptr<T>() + b * g.offset_groups * g.taps() * P : nullptr,
         zero.const_data_ptr<T>(), g};
@@ -703,7 +713,8 @@ template <typename T>
 struct GradInput {
   at::Tensor out, acc;
   bool whole;
-  int64_t b0 = 0, nb = 0, per_copy, image;
+  ImageRange held;
+  int64_t per_copy, image;
   DeformConv2dGeometry g;
 
   GradInput(
@@ -712,7 +723,7 @@ struct GradInput {
     if (!grad_input.defined()) return;
     if (whole) {
       acc = grad_input;
-      nb = g.batch;
+      held.nb = g.batch;
     } else {
       out = grad_input;
       acc = at::empty({per_copy, g.height, g.width, g.in_channels}, opts);
@@ -721,21 +732,22 @@ struct GradInput {
 
   T* at(int64_t first, int64_t count) {
     if (!acc.defined()) return nullptr;
-    if (first < b0 || first + count > b0 + nb) {
-      flush();
-      const int64_t n = std::min(std::max(count, per_copy), g.batch - first);
-      if (acc.size(0) < n) acc = at::empty({n, g.height, g.width, g.in_channels}, acc.options());
-      acc.narrow(0, 0, n).zero_();
-      b0 = first;
-      nb = n;
+    const ImageRange last = held;
+    if (held.next(first, count, per_copy, g.batch)) {
+      flush(last);
+      if (acc.size(0) < held.nb) acc = at::empty({held.nb, g.height, g.width, g.in_channels}, acc.options());
+      acc.narrow(0, 0, held.nb).zero_();
     }
-    return acc.data_ptr<T>() + (first - b0) * image;
+    return acc.data_ptr<T>() + (first - held.b0) * image;
   }
 
+  void flush(const ImageRange& r) {
+    if (!whole && out.defined() && r.nb > 0)
+      out.narrow(0, r.b0, r.nb).copy_(acc.narrow(0, 0, r.nb).permute({0, 3, 1, 2}));
+  }
   void flush() {
-    if (whole) return;
-    if (out.defined() && nb > 0) out.narrow(0, b0, nb).copy_(acc.narrow(0, 0, nb).permute({0, 3, 1, 2}));
-    b0 = nb = 0;
+    flush(held);
+    held = ImageRange{};
   }
 };
 
