@@ -177,7 +177,8 @@ def sweep_shapes(device, count, seed):
     outputs of half to twice the inputs or a head's few (1 to 80), grouped and depthwise layers,
     1 to 8 offset groups, DCNv1 and DCNv2, sides of 7 to 128 pixels, batches of 1 to 32, every
     dtype and channels_last inputs. Layers whose sampled values (B * C_in * kh * kw * H_out *
-    W_out) pass what torchvision's kernels take in seconds on the device are drawn again."""
+    W_out) pass what torchvision's kernels take in seconds on the device, and grouped layers whose
+    outputs do not divide among the groups, are drawn again."""
     rng = random.Random(seed)
     limit = 8 * 256 * 64 * 64 * 9 if device == "cuda" else 2 * 128 * 32 * 32 * 9
     dtypes = (f32, f32, TF32, f16, f16, torch.bfloat16) if device == "cuda" else (f32,)
@@ -217,7 +218,7 @@ def sweep_shapes(device, count, seed):
             rng.random() < 0.8,
         )
         Ho, Wo = shape.out_hw()
-        if Ho > 0 and Wo > 0 and shape.B * C * k * k * Ho * Wo <= limit:
+        if Ho > 0 and Wo > 0 and C_out % groups == 0 and shape.B * C * k * k * Ho * Wo <= limit:
             shapes.append(shape)
     return shapes
 
