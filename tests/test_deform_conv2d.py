@@ -330,7 +330,11 @@ CPU_CHUNK_CONFIGS = {
     "images_per_chunk_groups": dict(B=8, C=512, H=12, W=12, C_out=8, groups=2, og=2),
     # One image of 16 pixels and 64 output channels: the weight's order, one image per chunk.
     "weight_order_one_image": dict(B=1, C=64, H=4, W=4, C_out=64, groups=1, og=2),
-    # 4 MB images, copied channels-last (and grad_input accumulated) 2 at a time: 2 + 1.
+    # 400-pixel images of one group: the forward's GEMM batched over a chunk's images, as many
+    # images to each thread (4 + 1 on 2 threads).
+    "images_batched_per_thread": dict(B=5, C=8, H=20, W=20, C_out=6, groups=1, og=2),
+    # 4 MB images, copied channels-last (and grad_input accumulated) 2 at a time: 2 + 1 (the
+    # forward's batched GEMMs too).
     "images_in_copies_of_two": dict(
         B=3, C=64, H=128, W=128, C_out=4, groups=1, og=2, k=(1, 1), stride=(2, 2), pad=(0, 0)
     ),

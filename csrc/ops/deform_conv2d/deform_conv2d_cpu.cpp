@@ -103,15 +103,29 @@ int64_t column_chunk_pixels(const DeformConv2dGeometry& g, const ColumnLayout& L
   return std::min(g.out_pixels(), column_budget_rows(L, elem_size));
 }
 
-// Whole images per chunk where images are below kMinGemmPixels (a GEMM per image would run at
-// a low rate) and the budget holds two or more; else 0 (one image, or a run of its pixels, per
-// chunk). Their GEMM writes a rows-major buffer that is then copied into the output, a copy
-// that costs more than it saves on larger images (2 threads, 512 x 288 weights, 8 images of
-// 256 pixels: 5.5 ms a GEMM per image, 5.9 ms one GEMM and the copy; 14 images of 49 pixels,
-// 256 x 2304: 9.8 against 7.8 ms).
-int64_t images_per_chunk(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size) {
-  if (L.depthwise || g.out_pixels() >= kMinGemmPixels) return 0;
-  const int64_t images = std::min(g.batch, column_budget_rows(L, elem_size) / g.out_pixels());
+// Images per copy of the inputs' channels-last images and of grad_input's accumulator: about
+// kColumnBudget bytes, at least one. Whole-batch copies were fresh allocations per call whose
+// page faults took most of the copy's time (2 threads, 16x64x128x64 -> 32, 1x1 at stride 2: 19
+// of 34 ms of the forward); a copy per image was a few ATen calls per image, which small images
+// felt (8x16x28x50 -> 2: forward + backward 1.55 -> 1.75 ms; docs/deform_conv2d.md).
+inline int64_t images_per_copy(const DeformConv2dGeometry& g, int64_t elem_size) {
+  const int64_t image = std::max<int64_t>(1, g.height * g.width * g.in_channels * elem_size);
+  return std::clamp<int64_t>(kColumnBudget / image, 1, std::max<int64_t>(g.batch, 1));
+}
+
+// Whole images per chunk, where the column budget (and, for images of kMinGemmPixels or more, a
+// copy of the images) holds two or more, else 0 (one image, or a run of its pixels, per chunk):
+// images below kMinGemmPixels, whose GEMM per image would run at a low rate; larger ones where
+// the chunk's GEMM is batched over its images (batched: the forward of one group into NCHW),
+// which saves a GEMM call per image (forward_impl).
+int64_t images_per_chunk(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size, bool batched) {
+  if (L.depthwise || (g.out_pixels() >= kMinGemmPixels && !batched)) return 0;
+  int64_t images = std::min(
+      {g.batch, column_budget_rows(L, elem_size) / g.out_pixels(),
+       std::max(images_per_copy(g, elem_size), g.out_pixels() < kMinGemmPixels ? g.batch : 0)});
+  // A batched GEMM's images go whole to the threads: as many to each.
+  const int64_t threads = at::get_num_threads();
+  if (g.out_pixels() >= kMinGemmPixels && images > threads) images -= images % threads;
   return images >= 2 ? images : 0;
 }
 
@@ -484,16 +498,6 @@ void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, 
   });
 }
 
-// Images per copy of the inputs' channels-last images and of grad_input's accumulator: about
-// kColumnBudget bytes, at least one. Whole-batch copies were fresh allocations per call whose
-// page faults took most of the copy's time (2 threads, 16x64x128x64 -> 32, 1x1 at stride 2: 19
-// of 34 ms of the forward); a copy per image was a few ATen calls per image, which small images
-// felt (8x16x28x50 -> 2: forward + backward 1.55 -> 1.75 ms; docs/deform_conv2d.md).
-inline int64_t images_per_copy(const DeformConv2dGeometry& g, int64_t elem_size) {
-  const int64_t image = std::max<int64_t>(1, g.height * g.width * g.in_channels * elem_size);
-  return std::clamp<int64_t>(kColumnBudget / image, 1, std::max<int64_t>(g.batch, 1));
-}
-
 // The images b0 .. b0 + nb - 1 that a buffer of images holds. next(first, count): false where
 // it holds first .. first + count - 1; else it moves to the images from first, count of them
 // or per_copy, within the batch, and returns true.
@@ -641,7 +645,8 @@ at::Tensor forward_impl(
       out3[b].copy_(rows.t());
     }
   } else {
-    const int64_t P = g.out_pixels(), images = images_per_chunk(g, L, sizeof(T));
+    const int64_t P = g.out_pixels();
+    const int64_t images = images_per_chunk(g, L, sizeof(T), g.groups == 1 && out_t.is_contiguous());
     const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
     at::Tensor col = at::empty({chunk, L.row}, ops.opts);
     const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
@@ -652,15 +657,25 @@ at::Tensor forward_impl(
     };
     const Runs runs = runs_by_offset_group(g);
     if (images > 0) {
-      // One GEMM per group over all the chunk's rows, into a rows-major (pixels, out_channels /
-      // groups) buffer copied into the output (2 threads, 16x256x7x7 -> 256 forward 10.5 -> 7.7
-      // ms; the main job's 256x48x12x12 layer 35.4 -> 27.9 ms; docs/deform_conv2d.md).
-      at::Tensor rows = at::empty({images * P, g.out_per_group()}, col.options());
+      // Images below kMinGemmPixels: one GEMM per group over all the chunk's rows, into a
+      // rows-major (pixels, out_channels / groups) buffer copied into the output (2 threads,
+      // 16x256x7x7 -> 256 forward 10.5 -> 7.7 ms). Larger ones (one group, NCHW): a GEMM batched
+      // over the images straight into the output, MKL's batch GEMM giving each thread whole
+      // images, in place of a GEMM per image on both threads (16x32x14x25 -> 64 1x1 forward
+      // 1.42x as fast, 8x64x28x28 -> 64 1.01x; docs/deform_conv2d.md).
+      at::Tensor rows = P >= kMinGemmPixels ? at::Tensor() : at::empty({images * P, g.out_per_group()}, col.options());
       for (int64_t b0 = 0; b0 < g.batch; b0 += images) {
         const int64_t nb = std::min(images, g.batch - b0);
         ops.stage(b0, nb);
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
         const at::Tensor cols = gemm_cols(nb * P);
+        if (P >= kMinGemmPixels) {
+          at::Tensor dst = out3.narrow(0, b0, nb);
+          at::bmm_out(
+              dst, ops.w2[0].expand({nb, g.out_channels, L.per_group}),
+              cols.view({nb, P, L.per_group}).transpose(1, 2));
+          continue;
+        }
         at::Tensor dst = rows.narrow(0, 0, nb * P);
         for (int64_t gc = 0; gc < g.groups; ++gc) {
           at::mm_out(dst, cols.narrow(1, gc * L.per_group, L.per_group), ops.w2[gc].t());
@@ -765,7 +780,7 @@ void backward_impl(
   const int64_t P = g.out_pixels();
   // Several small images per chunk as in the forward, with grad_out's chunk copied to
   // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms).
-  const int64_t images = images_per_chunk(g, L, sizeof(T));
+  const int64_t images = images_per_chunk(g, L, sizeof(T), false);
   const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
   at::Tensor col = at::empty({chunk, L.row}, ops.opts);
   const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
