@@ -119,13 +119,13 @@ inline int64_t images_per_copy(const DeformConv2dGeometry& g, int64_t elem_size)
 // the chunk's GEMM is batched over its images (batched: the forward of one group into NCHW),
 // which saves a GEMM call per image (forward_impl).
 int64_t images_per_chunk(const DeformConv2dGeometry& g, const ColumnLayout& L, int64_t elem_size, bool batched) {
-  if (L.depthwise || (g.out_pixels() >= kMinGemmPixels && !batched)) return 0;
+  const bool small = g.out_pixels() < kMinGemmPixels;
+  if (L.depthwise || !(small || batched)) return 0;
   int64_t images = std::min(
-      {g.batch, column_budget_rows(L, elem_size) / g.out_pixels(),
-       std::max(images_per_copy(g, elem_size), g.out_pixels() < kMinGemmPixels ? g.batch : 0)});
+      {g.batch, column_budget_rows(L, elem_size) / g.out_pixels(), small ? g.batch : images_per_copy(g, elem_size)});
   // A batched GEMM's images go whole to the threads: as many to each.
   const int64_t threads = at::get_num_threads();
-  if (g.out_pixels() >= kMinGemmPixels && images > threads) images -= images % threads;
+  if (!small && images > threads) images -= images % threads;
   return images >= 2 ? images : 0;
 }
 
