@@ -78,6 +78,9 @@ CONFIGS = {
     # a tap a warp with a last row block past the 105 rows, and 12 as 2 sets of 6 x 5 pixels.
     "narrow_offset_groups": dict(B=3, C=16, H=5, W=7, C_out=8, groups=1, og=8, k=(7, 7), pad=(3, 3)),
     "narrow_offset_groups_in_sets": dict(B=2, C=24, H=5, W=6, C_out=8, groups=1, og=12),
+    # Groups of 128 channels (a reduction of 1152) on 30 pixels: CUDA's GEMM per group
+    # (gemm_per_group), not one batched over the groups.
+    "groups_long_reduction": dict(B=1, C=256, H=5, W=6, C_out=16, groups=2, og=2),
 }
 
 
@@ -227,6 +230,7 @@ CHANNELS_LAST_CONFIGS = {
     # the weight in its own order (fewer output pixels than output channels), one and 2 groups
     "weight_order": dict(B=1, C=8, H=4, W=4, C_out=64, groups=1, og=1),
     "weight_order_groups": dict(B=2, C=8, H=2, W=2, C_out=32, groups=2, og=1),
+    "groups_long_reduction": CONFIGS["groups_long_reduction"],
     "depthwise": dict(B=3, C=24, H=10, W=9, C_out=24, groups=24, og=3),
     "depthwise_direct": dict(B=2, C=8, H=6, W=7, C_out=8, groups=8, og=1),
     "one_pixel_output": dict(B=2, C=8, H=3, W=3, C_out=4, groups=1, og=1, pad=(0, 0)),

@@ -1675,6 +1675,21 @@ bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
   return g.groups > 1 && (g.batch > 1 || !aligned_rows);
 }
 
+// Whether a grouped layer's columns GEMM runs one GEMM per group instead of one batched over the
+// groups: cuBLAS splits the reduction of a single GEMM where its tiles are too few for the SMs, and
+// not of a batched one. Taken where the batched GEMM's 128 x 128 tiles fill at most half of the
+// SMs and a group's reduction is at least 8 steps of 128: 1x1024x7x7 -> 1024 in 2 groups, IEEE
+// float32, had run 0.63x torchvision's forward (which multiplies group by group).
+bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
+  if (g.groups == 1) return false;
+  const char* e = std::getenv("AB_GROUP_LOOP");
+  const int64_t tiles = g.groups * ceil_div(rows, 128) * ceil_div(g.out_per_group(), 128);
+  const bool few = 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  if (e && e[0] == '0') return false;
+  if (e && e[0] == '1') return few;
+  return few && Kg >= 8 * 128;
+}
+
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
 // channels (each block blends the samples again), then the least padding of the last one.
 int direct_channels_per_thread(int64_t out_per_group) {
@@ -1969,6 +1984,11 @@ void forward_impl(
         at::cuda::addmm_out(dst, b, strided(gcol, 0, {rows, K}, {K, 1}), wt);
       } else if (g.groups == 1) {
         matmul_into(dst, strided(gcol, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
+      } else if (gemm_per_group(g, rows, Kg)) {
+        for (int64_t gc = 0; gc < g.groups; ++gc) {
+          at::Tensor dst_g = strided(rows_of, first + gc * Cg, {rows, Cg}, {g.out_channels, 1});
+          matmul_into(dst_g, strided(gcol, gc * Kg, {rows, Kg}, {K, 1}), wt[gc], nhwc && b.defined());
+        }
       } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the rows
         at::Tensor dst_g = strided(rows_of, first, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
         matmul_into(dst_g, strided(gcol, 0, {g.groups, rows, Kg}, {Kg, K, 1}), wt, nhwc && b.defined());
@@ -1992,6 +2012,11 @@ void forward_impl(
       matmul_into(
           dst, strided(o.w, 0, {ch.nb, g.out_channels, K}, {0, K, 1}),
           strided(gcol, 0, {ch.nb, K, ch.n}, {ch.n * K, 1, K}), bias.has_value());
+    } else if (gemm_per_group(g, ch.n, Kg)) {
+      for (int64_t gc = 0; gc < g.groups; ++gc) {
+        at::Tensor dst = strided(out, first + gc * Cg * P, {Cg, ch.n}, {P, 1});
+        matmul_into(dst, o.w[gc], strided(gcol, gc * Kg, {Kg, ch.n}, {1, K}), bias.has_value());
+      }
     } else {  // over the groups of one image: (G, C_out / G, Kg) x (G, Kg, n)
       at::Tensor dst = strided(out, first, {g.groups, Cg, ch.n}, {Cg * P, P, 1});
       matmul_into(dst, o.w, strided(gcol, 0, {g.groups, Kg, ch.n}, {Kg, 1, K}), bias.has_value());
