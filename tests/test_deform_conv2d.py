@@ -78,9 +78,9 @@ CONFIGS = {
     # a tap a warp with a last row block past the 105 rows, and 12 as 2 sets of 6 x 5 pixels.
     "narrow_offset_groups": dict(B=3, C=16, H=5, W=7, C_out=8, groups=1, og=8, k=(7, 7), pad=(3, 3)),
     "narrow_offset_groups_in_sets": dict(B=2, C=24, H=5, W=6, C_out=8, groups=1, og=12),
-    # Groups of 128 channels (a reduction of 1152) on 30 pixels: CUDA's GEMM per group
-    # (gemm_per_group), not one batched over the groups.
-    "groups_long_reduction": dict(B=1, C=256, H=5, W=6, C_out=16, groups=2, og=2),
+    # Groups of 256 channels (a reduction of 2304) on 30 pixels: in IEEE float32, CUDA's GEMM
+    # per group (gemm_per_group), not one batched over the groups.
+    "groups_long_reduction": dict(B=1, C=512, H=5, W=6, C_out=16, groups=2, og=2),
 }
 
 
@@ -644,6 +644,19 @@ def test_cuda_matches_cpu(name, dtype, forward, monkeypatch):
 def _force_forward(monkeypatch, forward):
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns" if forward == "grouped_gemm" else forward)
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GROUPED_GEMM", "1" if forward == "grouped_gemm" else "0")
+
+
+@needs_cuda
+@pytest.mark.parametrize("gemm", ["rows_major", "nchw"])
+@pytest.mark.parametrize("dtype", list(CUDA_TOL))
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if 1 < c.get("groups", 2) < c.get("C", 6)])
+def test_cuda_gemm_per_group_matches_cpu(name, dtype, gemm, monkeypatch):
+    # The columns' GEMM per group (CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 forces it in any dtype;
+    # IEEE float32 layers of long reductions on few tiles take it), into the rows-major buffer
+    # and straight into NCHW.
+    _force_forward(monkeypatch, "grouped_gemm" if gemm == "rows_major" else "columns")
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1")
+    _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
 
 # Sizes past one chunk (deform_conv2d_cuda.cu's budgets, 96 MB at these small C_out), through

@@ -1677,17 +1677,17 @@ bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
 
 // Whether a grouped layer's columns GEMM runs one GEMM per group instead of one batched over the
 // groups: cuBLAS splits the reduction of a single GEMM where its tiles are too few for the SMs, and
-// not of a batched one. Taken where the batched GEMM's 128 x 128 tiles fill at most half of the
-// SMs and a group's reduction is at least 8 steps of 128: 1x1024x7x7 -> 1024 in 2 groups, IEEE
-// float32, had run 0.63x torchvision's forward (which multiplies group by group).
+// not of a batched one. IEEE float32 only (TF32 and 16-bit batched GEMMs won everywhere), where
+// the batched GEMM's 128 x 128 tiles fill at most half of the SMs and a group's reduction is at
+// least 1024 steps per group launched. Test hook: CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 or =0
+// forces it on (any dtype) or off.
+template <typename T>
 bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
   if (g.groups == 1) return false;
-  const char* e = std::getenv("AB_GROUP_LOOP");
+  if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1", "0")) return forced > 0;
+  if (!std::is_same_v<T, float> || cuda::matmul_allows_tf32()) return false;
   const int64_t tiles = g.groups * ceil_div(rows, 128) * ceil_div(g.out_per_group(), 128);
-  const bool few = 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  if (e && e[0] == '0') return false;
-  if (e && e[0] == '1') return few;
-  return few && Kg >= 8 * 128;
+  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 1024 * g.groups;
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
@@ -1984,7 +1984,7 @@ void forward_impl(
         at::cuda::addmm_out(dst, b, strided(gcol, 0, {rows, K}, {K, 1}), wt);
       } else if (g.groups == 1) {
         matmul_into(dst, strided(gcol, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
-      } else if (gemm_per_group(g, rows, Kg)) {
+      } else if (gemm_per_group<T>(g, rows, Kg)) {
         for (int64_t gc = 0; gc < g.groups; ++gc) {
           at::Tensor dst_g = strided(rows_of, first + gc * Cg, {rows, Cg}, {g.out_channels, 1});
           matmul_into(dst_g, strided(gcol, gc * Kg, {rows, Kg}, {K, 1}), wt[gc], nhwc && b.defined());
@@ -2012,7 +2012,7 @@ void forward_impl(
       matmul_into(
           dst, strided(o.w, 0, {ch.nb, g.out_channels, K}, {0, K, 1}),
           strided(gcol, 0, {ch.nb, K, ch.n}, {ch.n * K, 1, K}), bias.has_value());
-    } else if (gemm_per_group(g, ch.n, Kg)) {
+    } else if (gemm_per_group<T>(g, ch.n, Kg)) {
       for (int64_t gc = 0; gc < g.groups; ++gc) {
         at::Tensor dst = strided(out, first + gc * Cg * P, {Cg, ch.n}, {P, 1});
         matmul_into(dst, o.w[gc], strided(gcol, gc * Kg, {Kg, ch.n}, {1, K}), bias.has_value());
