@@ -15,14 +15,17 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
 Paths that an environment variable selects, read per call, need one build and one process:
-``interleave ROUNDS [--depthwise | --narrow | --grouped | --one-group | --offset-groups]
+``interleave ROUNDS [--depthwise | --narrow | --grouped | --one-group | --offset-groups |
+--grouped-weight-heavy]
 LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by shape, the default (label ``old``) and each
 labelled setting in turn, ROUNDS times, in an order that rotates, so that every variant sees the
 same machine state. ``--depthwise`` times depthwise layers of several networks' sizes instead of the
 grid; ``--narrow`` the forwards of layers with few output channels per group (fwd+bwd columns read
 nan), ``--grouped`` those of grouped layers (ResNeXt detectors' DCN stages among them),
 ``--one-group`` the default shapes of one group (whose backward runs the columns' GEMMs over a
-chunk's rows), ``--offset-groups`` layers of narrow offset groups, forward and backward. ``report
+chunk's rows), ``--offset-groups`` layers of narrow offset groups, forward and backward,
+``--grouped-weight-heavy`` IEEE float32 grouped layers of few pixels and long reductions
+(``gemm_per_group``), forward and backward. ``report
 FILE A B`` compares any two labels.
 
     python benchmarks/ab_deform_conv2d.py interleave 2 --narrow \
@@ -190,6 +193,41 @@ def weight_heavy_shapes():
     return out
 
 
+def grouped_weight_heavy_shapes():
+    """IEEE float32 grouped layers of few output pixels and long reductions per group (CUDA's
+    gemm_per_group), on both sides of its rule: batch 1 to 8, 2 to 8 groups, rows-major,
+    channels_last and straight-into-NCHW outputs."""
+    import torch
+
+    from bench_deform_conv2d import Shape
+
+    f32 = torch.float32
+    return [
+        Shape(1, 1024, 7, 7, 1024, 2, 4, f32, True, 3, 1, 1, 1, False),
+        Shape(1, 1024, 7, 7, 1024, 2, 4, f32, False, 3, 1, 1, 1, False),
+        Shape(1, 1024, 10, 14, 1024, 2, 1, f32, False),
+        Shape(2, 768, 8, 8, 768, 4, 2, f32, False),
+        Shape(1, 2048, 7, 7, 2048, 4, 1, f32, False),
+        Shape(1, 1024, 14, 14, 512, 2, 1, f32, True),
+        Shape(1, 512, 7, 7, 512, 2, 1, f32, False),
+        Shape(4, 512, 7, 7, 512, 2, 1, f32, False),
+        Shape(8, 512, 7, 7, 512, 2, 1, f32, False),
+        Shape(1, 256, 32, 32, 256, 4, 1, f32, False),
+        Shape(8, 192, 7, 7, 96, 2, 2, f32, False, 3, 1, 3, 3),
+        Shape(1, 1024, 16, 16, 1024, 2, 1, f32, False),
+        Shape(1, 512, 16, 16, 512, 2, 1, f32, False),
+        Shape(1, 2048, 8, 8, 2048, 4, 1, f32, False),
+        Shape(1, 1024, 12, 12, 1024, 2, 1, f32, False),
+        Shape(2, 1024, 7, 7, 1024, 4, 1, f32, False),
+        Shape(1, 768, 7, 7, 768, 3, 1, f32, False),
+        Shape(1, 1536, 7, 7, 1536, 2, 1, f32, False),
+        Shape(1, 384, 7, 7, 384, 2, 1, f32, False),
+        Shape(1, 1024, 7, 7, 1024, 8, 1, f32, False),
+        Shape(1, 512, 14, 14, 512, 2, 1, f32, True),
+        Shape(1, 2048, 7, 7, 2048, 2, 1, f32, False, 1, 1, 0),
+    ]
+
+
 def offset_group_shapes():
     from bench_deform_conv2d import offset_group_shapes
 
@@ -228,6 +266,8 @@ def interleave(rounds, settings):
         pick, settings, backward = grouped_shapes, settings[1:], False
     elif settings and settings[0] == "--offset-groups":
         pick, settings = offset_group_shapes, settings[1:]
+    elif settings and settings[0] == "--grouped-weight-heavy":
+        pick, settings = grouped_weight_heavy_shapes, settings[1:]
     elif settings and settings[0] == "--one-group":
         pick, settings = (lambda: [s for s in shapes() if s.groups == 1]), settings[1:]
     variants = {"old": {}}

@@ -1679,7 +1679,7 @@ bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
 // groups: cuBLAS splits the reduction of a single GEMM where its tiles are too few for the SMs, and
 // not of a batched one. IEEE float32 only (TF32 and 16-bit batched GEMMs won everywhere), where
 // the batched GEMM's 128 x 128 tiles fill at most half of the SMs and a group's reduction is at
-// least 1024 steps per group launched. Test hook: CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 or =0
+// least 512 per group launched. Test hook: CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 or =0
 // forces it on (any dtype) or off.
 template <typename T>
 bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
@@ -1687,7 +1687,7 @@ bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
   if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1", "0")) return forced > 0;
   if (!std::is_same_v<T, float> || cuda::matmul_allows_tf32()) return false;
   const int64_t tiles = g.groups * ceil_div(rows, 128) * ceil_div(g.out_per_group(), 128);
-  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 1024 * g.groups;
+  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 512 * g.groups;
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
