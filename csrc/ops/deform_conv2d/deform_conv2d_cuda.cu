@@ -1677,17 +1677,19 @@ bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
 
 // Whether a grouped layer's columns GEMM runs one GEMM per group instead of one batched over the
 // groups: cuBLAS splits the reduction of a single GEMM where its tiles are too few for the SMs, and
-// not of a batched one. IEEE float32 only (TF32 and 16-bit batched GEMMs won everywhere), where
-// the batched GEMM's 128 x 128 tiles fill at most half of the SMs and a group's reduction is at
-// least 512 per group launched. Test hook: CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 or =0
-// forces it on (any dtype) or off.
+// not of a batched one. Taken in IEEE float32 where the batched GEMM's 128 x 128 tiles fill at
+// most half of the SMs and a group's reduction is at least 768 per group launched: forwards 1.05
+// to 2.34x there (1x1024x7x7 -> 1024 in 2 groups: 158 -> 70 us); 512 to 576 read 0.85 to 1.06,
+// and TF32 and 16-bit layers lost everywhere (0.59 to 0.88). H100,
+// benchmarks/results/deform_conv2d_ab_gemm_per_group_NVIDIA_H100_2026-12-06.md. Test hook:
+// CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 or =0 forces it on (any dtype) or off.
 template <typename T>
 bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
   if (g.groups == 1) return false;
   if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1", "0")) return forced > 0;
   if (!std::is_same_v<T, float> || cuda::matmul_allows_tf32()) return false;
   const int64_t tiles = g.groups * ceil_div(rows, 128) * ceil_div(g.out_per_group(), 128);
-  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 512 * g.groups;
+  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 768 * g.groups;
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
