@@ -921,6 +921,30 @@ def _ran_kernel(kernel, fn, kwargs):
 
 
 @needs_cuda
+def test_cuda_gemm_per_group_only_where_its_rule_says(monkeypatch):
+    # 1x512x7x7 -> 512 in 2 groups: 4 tiles of 128 x 128 and a reduction of 2304 per group. In
+    # IEEE float32 the default runs what CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 forces (more cuBLAS
+    # launches than the batched GEMM); with TF32 allowed, what =0 forces.
+    kw = _inputs(B=1, C=512, H=7, W=7, C_out=512, groups=2, og=1, dtype=torch.float32)
+    gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+    def kernels(setting, tf32):
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+        if setting is None:
+            monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", raising=False)
+        else:
+            monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", setting)
+        customops.deform_conv2d(**gpu)  # cuBLAS's first call may launch kernels of its own
+        return _kernel_names(customops.deform_conv2d, gpu)[1]
+
+    ran = {(s, tf32): kernels(s, tf32) for s in (None, "0", "1") for tf32 in (False, True)}
+    if any(v is None for v in ran.values()):
+        return
+    assert ran[(None, False)] == ran[("1", False)] and len(ran[(None, False)]) > len(ran[("0", False)]), ran
+    assert ran[(None, True)] == ran[("0", True)], ran
+
+
+@needs_cuda
 @pytest.mark.parametrize("C_out", [128, 32], ids=["a_group_a_block", "two_groups_a_block"])
 def test_cuda_direct_float32_takes_its_bounded_build_past_one_wave(C_out, monkeypatch):
     # float32: a grid that one wave of the direct kernel holds (one image: 32 or 16 blocks) runs its
