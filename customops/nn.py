@@ -75,7 +75,9 @@ class FusedLinearSigmoid(nn.Module):
 
 
 def _has_hooks(*modules: nn.Module) -> bool:
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    """Whether any module has forward or backward hooks or pre-hooks of its own, which a
+    replacement module would drop."""
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in modules)
 
 
 def fuse_linear_sigmoid(model: nn.Module) -> int:
@@ -86,7 +88,7 @@ def fuse_linear_sigmoid(model: nn.Module) -> int:
 
     Only ``nn.Sequential`` children have an order that a module tree shows; a Linear and a
     Sigmoid called one after the other in a custom ``forward`` are left alone. So are pairs
-    where either module has forward hooks or pre-hooks (fusing would drop them),
+    where either module has forward or backward hooks or pre-hooks (fusing would drop them),
     parametrized Linears (e.g. weight_norm) and subclasses of ``nn.Linear`` (``LazyLinear``,
     quantization stubs and users' own subclasses may compute something else), which only
     ``type(m) is nn.Linear`` rules out.
@@ -248,8 +250,9 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
     depth, ``model`` itself excepted) with a :class:`DeformConv2d` that shares its parameters
     (same tensors, no copy), so state_dict keys, training state and optimizers' references stay
     the same; returns the number of modules replaced (a module held under two names counts once
-    and stays one module). Subclasses of torchvision's class, and modules with
-    forward hooks or pre-hooks, are left alone (they may compute something else, and hooks
+    and stays one module). Subclasses of torchvision's class, modules with forward or
+    backward hooks or pre-hooks, and modules holding buffers, submodules or parameters besides
+    ``weight`` and ``bias`` are left alone (they may compute something else, and hooks and state
     would be dropped); so are calls of the function ``torchvision.ops.deform_conv2d`` in a
     custom ``forward``, which no module tree shows. Does not import torchvision: a model holding
     its modules has imported it already.
@@ -261,7 +264,8 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
     replacements = {}  # id of a torchvision module -> its replacement: a module held twice stays one
     for parent in model.modules():
         for name, child in list(parent._modules.items()):
-            if type(child) is not tv_class or _has_hooks(child):
+            extra_state = child._buffers or child._modules or set(child._parameters) - {"weight", "bias"}
+            if type(child) is not tv_class or _has_hooks(child) or extra_state:
                 continue
             if id(child) in replacements:
                 parent._modules[name] = replacements[id(child)]

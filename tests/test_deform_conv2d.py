@@ -129,6 +129,15 @@ def test_module_has_torchvisions_state_dict_and_converts():
     model.alias = model[0]
     assert customops.nn.replace_torchvision_deform_conv2d(model) == 1
     assert type(model.alias) is customops.nn.DeformConv2d and model.alias is model[0]
+    # Modules whose hooks or extra state a replacement would drop are left alone.
+    model = torch.nn.Sequential(*(tvops.DeformConv2d(6, 4, 3, padding=1) for _ in range(4)))
+    model[0].register_full_backward_hook(lambda m, grad_in, grad_out: None)
+    model[1].register_full_backward_pre_hook(lambda m, grad_out: None)
+    model[2].register_buffer("running_scale", torch.ones(4))
+    model[3].observer = torch.nn.Identity()
+    keys = list(model.state_dict())
+    assert customops.nn.replace_torchvision_deform_conv2d(model) == 0
+    assert all(type(m) is tvops.DeformConv2d for m in model) and list(model.state_dict()) == keys
 
 
 def test_zero_offsets_without_mask_are_conv2d():

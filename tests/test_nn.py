@@ -91,3 +91,7 @@ def test_fuse_helper_keeps_pairs_with_hooks():
     assert fuse_linear_sigmoid(model) == 1  # only the second pair, which has no hooks
     assert type(model[0]) is nn.Linear and isinstance(model[2], FusedLinearSigmoid)
     torch.testing.assert_close(model(x), before)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Sigmoid(), nn.Linear(3, 3), nn.Sigmoid())
+    model[0].register_full_backward_hook(lambda m, grad_in, grad_out: None)
+    model[3].register_full_backward_pre_hook(lambda m, grad_out: None)
+    assert fuse_linear_sigmoid(model) == 0
