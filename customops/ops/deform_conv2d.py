@@ -44,6 +44,11 @@ def deform_conv2d(
     a zero offset gradient: a diverging offset branch does not show in the output, unlike
     :func:`torch.nn.functional.grid_sample`, which returns NaN there). Such a point contributes 0
     whatever its mask, a NaN or infinite one included (torchvision's op multiplies it in: NaN).
+    On the lines ``y = -1`` and ``x = -1`` themselves (where zero offsets and padding put a
+    layer's border taps) the point reads its neighbours inside the image with weight 0, which
+    gives the offsets their one-sided derivative there; so an infinite or NaN pixel next to
+    such a point, or a NaN or infinite mask, gives NaN (torchvision's op: 0 for the pixel, NaN
+    for the mask).
     With zero offsets and no mask it is :func:`torch.nn.functional.conv2d`.
 
     Args:

@@ -16,7 +16,9 @@
 // Its derivatives in y and x are those of this formula, right-hand at integer positions
 // (the weights of the neighbours below and to the right are the ones that move), the border
 // lines y = -1 and x = -1 included, as torchvision's: zero offsets with padding put taps
-// exactly there, and their offsets get the gradient that moves them into the image.
+// exactly there, and their offsets get the gradient that moves them into the image. So a point
+// on those lines reads its in-image neighbours with weight 0 (an inf or NaN there, or in its
+// mask, gives NaN; torchvision's forward returns 0 for the pixel).
 #pragma once
 
 #include <ATen/core/Tensor.h>
