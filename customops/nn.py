@@ -80,6 +80,11 @@ def _has_hooks(*modules: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks for m in modules)
 
 
+def _has_extra_state(module: nn.Module) -> bool:
+    """Whether a module holds buffers, submodules or parameters besides weight and bias."""
+    return bool(module._buffers or module._modules or set(module._parameters) - {"weight", "bias"})
+
+
 def fuse_linear_sigmoid(model: nn.Module) -> int:
     """Replaces, in place, every ``nn.Linear`` directly followed by ``nn.Sigmoid`` inside an
     ``nn.Sequential`` (at any depth of ``model``) with a :class:`FusedLinearSigmoid` sharing the
@@ -264,8 +269,7 @@ def replace_torchvision_deform_conv2d(model: nn.Module) -> int:
     replacements = {}  # id of a torchvision module -> its replacement: a module held twice stays one
     for parent in model.modules():
         for name, child in list(parent._modules.items()):
-            extra_state = child._buffers or child._modules or set(child._parameters) - {"weight", "bias"}
-            if type(child) is not tv_class or _has_hooks(child) or extra_state:
+            if type(child) is not tv_class or _has_hooks(child) or _has_extra_state(child):
                 continue
             if id(child) in replacements:
                 parent._modules[name] = replacements[id(child)]
