@@ -228,36 +228,6 @@ def grouped_weight_heavy_shapes():
     ]
 
 
-def small_rows_shapes():
-    """IEEE float32 forwards of one group whose GEMM has few output tiles (few output pixels, or
-    few output channels) and a long reduction: batch 1 to 8, rows-major, channels_last and
-    straight-into-NCHW outputs, and larger layers beside them."""
-    import torch
-
-    from bench_deform_conv2d import Shape
-
-    f32 = torch.float32
-    return [
-        Shape(1, 512, 7, 7, 512, 1, 1, f32, False, note="R50-DCNv2 stage 4 at 224 x 224"),
-        Shape(1, 512, 7, 7, 512, 1, 1, f32, True),
-        Shape(8, 512, 7, 7, 512, 1, 1, f32, False),
-        Shape(2, 512, 7, 7, 512, 1, 1, f32, False),
-        Shape(1, 512, 8, 8, 512, 1, 1, f32, False),
-        Shape(1, 1024, 10, 14, 1024, 1, 4, f32, True, 3, 2, 1),
-        Shape(1, 2048, 7, 7, 512, 1, 1, f32, False),
-        Shape(1, 1024, 14, 14, 1024, 1, 1, f32, False),
-        Shape(1, 256, 16, 16, 256, 1, 1, f32, False),
-        Shape(1, 256, 14, 14, 256, 1, 1, f32, False),
-        Shape(2, 1024, 10, 7, 512, 1, 1, f32, False),
-        Shape(1, 512, 32, 32, 256, 1, 1, f32, False, 1, 1, 0),
-        Shape(1, 512, 32, 32, 256, 1, 1, f32, False),
-        Shape(1, 256, 32, 32, 18, 1, 1, f32, False),
-        Shape(4, 256, 25, 25, 64, 1, 1, f32, False),
-        Shape(1, 256, 50, 84, 256, 1, 1, f32, False),
-        Shape(8, 256, 64, 64, 256, 1, 1, f32, False),
-    ]
-
-
 def offset_group_shapes():
     from bench_deform_conv2d import offset_group_shapes
 
@@ -298,8 +268,6 @@ def interleave(rounds, settings):
         pick, settings = offset_group_shapes, settings[1:]
     elif settings and settings[0] == "--grouped-weight-heavy":
         pick, settings = grouped_weight_heavy_shapes, settings[1:]
-    elif settings and settings[0] == "--small-rows":
-        pick, settings, backward = small_rows_shapes, settings[1:], False
     elif settings and settings[0] == "--one-group":
         pick, settings = (lambda: [s for s in shapes() if s.groups == 1]), settings[1:]
     variants = {"old": {}}

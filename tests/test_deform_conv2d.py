@@ -668,33 +668,6 @@ def test_cuda_gemm_per_group_matches_cpu(name, dtype, gemm, monkeypatch):
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
 
-SPLIT_K_CONFIGS = {
-    "rows_major": dict(B=1, C=64, H=7, W=7, C_out=40, groups=1, og=1),
-    "rows_major_no_bias": dict(B=2, C=64, H=7, W=7, C_out=40, groups=1, og=2, bias=False),
-    "nchw_one_image": dict(B=1, C=32, H=8, W=8, C_out=24, groups=1, og=1),
-    "per_group": dict(B=1, C=64, H=7, W=7, C_out=32, groups=2, og=1),
-}
-
-
-@needs_cuda
-@pytest.mark.parametrize("ways", ["1", "4"])
-@pytest.mark.parametrize("name", list(SPLIT_K_CONFIGS))
-def test_cuda_split_k_matches_cpu(name, ways, monkeypatch):
-    # IEEE float32 GEMMs with their reduction split (CUSTOMOPS_TEST_DEFORM_SPLIT_K=4 forces 4
-    # slices, summed by a reduction kernel after a batched GEMM; 1: one 2-D GEMM), into the
-    # rows-major buffer, straight into NCHW, per group; bias as the C operand or none.
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K", ways)
-    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
-    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1")
-    kw = _inputs(**SPLIT_K_CONFIGS[name])
-    _cuda_vs_cpu(kw, torch.float32, *CUDA_TOL[torch.float32])
-    gpu = {k: (v.to("cuda", torch.float32) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-    _, names = _kernel_names(customops.deform_conv2d, gpu)
-    if names is not None:
-        assert any("native::reduce_kernel" in n for n in names) == (ways == "4"), names
-
-
 # Sizes past one chunk (deform_conv2d_cuda.cu's budgets, 96 MB at these small C_out), through
 # each of the forward's GEMM forms (one GEMM over the chunk's rows into a rows-major buffer;
 # straight into NCHW where the output rows are 16-byte aligned, for 16-bit types or chunks of

@@ -1876,31 +1876,6 @@ void matmul_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, bool
   }
 }
 
-// Ways to split the reduction of a 2-D IEEE float32 GEMM dst (M, N) = a (M, K) x b (K, N) into
-// a GEMM batched over K's slices and a sum over them; 1 for none. Test hook:
-// CUSTOMOPS_TEST_DEFORM_SPLIT_K=S forces S ways where K splits into slices of a multiple of 4.
-int split_k_ways(int64_t M, int64_t N, int64_t K) {
-  const char* v = std::getenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K");
-  if (v == nullptr) return 1;
-  const int s = std::atoi(v);
-  return s > 1 && K % (4 * s) == 0 ? s : 1;
-}
-
-// matmul_into for 2-D GEMMs, through split_k_ways' slices where it says so: part (S, M, N) =
-// a's and b's slices of K multiplied, batched, then summed into dst.
-void gemm_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  const int s = dst.scalar_type() == at::kFloat && !cuda::matmul_allows_tf32() ? split_k_ways(M, N, K) : 1;
-  if (s == 1) return matmul_into(dst, a, b, accumulate);
-  at::Tensor part = at::empty({s, M, N}, dst.options().memory_format(at::MemoryFormat::Contiguous));
-  at::cuda::bmm_out(part, a.unflatten(1, {s, K / s}).transpose(0, 1), b.unflatten(0, {s, K / s}));
-  if (accumulate) {
-    dst.add_(part.sum(0));
-  } else {
-    at::sum_out(dst, part, 0);
-  }
-}
-
 // acc += a x b, 2-D or batched, into an opmath accumulator: in its own type, or from 16-bit
 // operands as float32 results (mm.dtype, bmm.dtype), written straight into acc for the first chunk
 // (acc is zero then) and added for the others, so no chunk's sum is rounded to 16 bits.
@@ -2010,11 +1985,11 @@ void forward_impl(
       if (bias_epilogue) {
         at::cuda::addmm_out(dst, b, strided(gcol, 0, {rows, K}, {K, 1}), wt);
       } else if (g.groups == 1) {
-        gemm_into(dst, strided(gcol, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
+        matmul_into(dst, strided(gcol, 0, {rows, K}, {K, 1}), wt, nhwc && b.defined());
       } else if (gemm_per_group<T>(g, rows, Kg)) {
         for (int64_t gc = 0; gc < g.groups; ++gc) {
           at::Tensor dst_g = strided(rows_of, first + gc * Cg, {rows, Cg}, {g.out_channels, 1});
-          gemm_into(dst_g, strided(gcol, gc * Kg, {rows, Kg}, {K, 1}), wt[gc], nhwc && b.defined());
+          matmul_into(dst_g, strided(gcol, gc * Kg, {rows, Kg}, {K, 1}), wt[gc], nhwc && b.defined());
         }
       } else {  // (G, rows, Kg) x (G, Kg, C_out / G) into the groups' columns of the rows
         at::Tensor dst_g = strided(rows_of, first, {g.groups, rows, Cg}, {Cg, g.out_channels, 1});
@@ -2034,11 +2009,7 @@ void forward_impl(
     if (ch.p0 == 0) xs = o.images<T>(ch);
     gemm_columns<T>(o, g, ch, xs, col, gcol);
     const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
-    if (g.groups == 1 && ch.nb == 1 && std::getenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K")) {
-      at::Tensor dst = strided(out, first, {g.out_channels, ch.n}, {P, 1});
-      gemm_into(
-          dst, strided(o.w, 0, {g.out_channels, K}, {K, 1}), strided(gcol, 0, {K, ch.n}, {1, K}), bias.has_value());
-    } else if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
+    if (g.groups == 1) {  // over the chunk's images: (nb, C_out, K) x (nb, K, n)
       at::Tensor dst = strided(out, first, {ch.nb, g.out_channels, ch.n}, {g.out_channels * P, P, 1});
       matmul_into(
           dst, strided(o.w, 0, {ch.nb, g.out_channels, K}, {0, K, 1}),
@@ -2046,7 +2017,7 @@ void forward_impl(
     } else if (gemm_per_group<T>(g, ch.n, Kg)) {
       for (int64_t gc = 0; gc < g.groups; ++gc) {
         at::Tensor dst = strided(out, first + gc * Cg * P, {Cg, ch.n}, {P, 1});
-        gemm_into(dst, o.w[gc], strided(gcol, gc * Kg, {Kg, ch.n}, {1, K}), bias.has_value());
+        matmul_into(dst, o.w[gc], strided(gcol, gc * Kg, {Kg, ch.n}, {1, K}), bias.has_value());
       }
     } else {  // over the groups of one image: (G, C_out / G, Kg) x (G, Kg, n)
       at::Tensor dst = strided(out, first, {g.groups, Cg, ch.n}, {Cg * P, P, 1});
