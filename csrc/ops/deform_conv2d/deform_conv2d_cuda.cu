@@ -1692,6 +1692,17 @@ bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
   return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 768 * g.groups;
 }
 
+// Whether the backward's grad_weight GEMM of a grouped layer, (C_out / G, rows) x (rows, Kg) per
+// group, runs one GEMM per group instead of one batched over the groups. The batched GEMM does not
+// split its reduction over the chunk's rows, so few output tiles each run the whole of it
+// (torch.profiler, H100, 16x32x56x38 -> 64 in 2 groups, IEEE float32: 1.2 ms of a 1.5 ms forward +
+// backward, benchmarks/results/deform_conv2d_sweep_losses_profile_NVIDIA_H100_2026-12-06_seeds4_5.txt).
+// Per group, cuBLAS can split it. Not yet timed against the batched GEMM, so only the test hook
+// CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 takes it.
+bool grad_weight_per_group(const DeformConv2dGeometry& g) {
+  return g.groups > 1 && env_override("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1", "0") > 0;
+}
+
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
 // channels (each block blends the samples again), then the least padding of the last one.
 int direct_channels_per_thread(int64_t out_per_group) {
@@ -2223,7 +2234,15 @@ void backward_impl(
       const at::Tensor cols = strided(gcol, 0, {g.groups, rows, Kg}, {Kg, K, 1});
       if (want[2]) {
         gemm_columns<T>(o, g, ch, xs, col, gcol);
-        accumulate_into(acc.gw, strided(gor, 0, {g.groups, Cg, rows}, {Cg * ld, ld, 1}), cols, first);
+        const at::Tensor go_g = strided(gor, 0, {g.groups, Cg, rows}, {Cg * ld, ld, 1});
+        if (grad_weight_per_group(g)) {
+          for (int64_t gc = 0; gc < g.groups; ++gc) {
+            at::Tensor gw_g = acc.gw[gc];
+            accumulate_into(gw_g, go_g[gc], cols[gc], first);
+          }
+        } else {
+          accumulate_into(acc.gw, go_g, cols, first);
+        }
       }
       if (!(want[0] || want[1] || want[4])) continue;
       at::Tensor dst = cols;
