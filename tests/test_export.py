@@ -205,6 +205,56 @@ def test_dynamic_dim_that_the_model_fixes_is_named(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def make_strided_network():
+    # Total stride 4: torch.export specialises a one-pixel output, so H and W export from 5.
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        customops.nn.ModulatedDeformConv2d(8, 8, 3, stride=2, padding=1),
+        nn.Conv2d(8, 4, 3, stride=2, padding=1),
+    )
+
+
+@needs_aoti_python_loading
+def test_dynamic_spatial_dims_of_a_strided_network(tmp_path):
+    # The minimum is raised until torch.export accepts it, the package records it, and the caller's
+    # model is back in training mode afterwards.
+    model = make_strided_network().train()
+    path = export_aoti(model, torch.randn(2, 3, 16, 20), str(tmp_path / "m.pt2"), dynamic_dims=(0, 2, 3))
+    assert model.training and model[1].training
+    runner = load_aoti(path)
+    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65535,3,5-65536,5-65536"
+    model.eval()
+    for shape in ((1, 3, 5, 5), (3, 3, 9, 33)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="refused input 0 of shape"):
+        runner(torch.randn(1, 3, 4, 8))
+
+
+def test_dynamic_spatial_dims_onnx_strided_and_offsets_input(tmp_path):
+    # A stride-4 network, and DeformConv2d with the offsets as a second input (its H and W tied to
+    # the input's by torch's suggested fixes), exported with dynamic H and W, run at other sizes.
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    assert onnx
+    torch.manual_seed(0)
+    strided = make_strided_network().eval()
+    offsets = customops.nn.DeformConv2d(4, 6, 3, padding=1).eval()
+    cases = [
+        (strided, (torch.randn(2, 3, 16, 20),), [(torch.randn(3, 3, 5, 9),)]),
+        (offsets, (torch.randn(2, 4, 10, 12), torch.randn(2, 18, 10, 12)),
+         [(torch.randn(1, 4, 13, 30), torch.randn(1, 18, 13, 30))]),
+    ]  # fmt: skip
+    for i, (model, example, runs) in enumerate(cases):
+        path = export_onnx(model, example, str(tmp_path / f"m{i}.onnx"), dynamic_dims=(0, 2, 3))
+        session = ort.InferenceSession(path)
+        for inputs in runs:
+            feed = {arg.name: t.numpy() for arg, t in zip(session.get_inputs(), inputs)}
+            out = session.run(None, feed)[0]
+            torch.testing.assert_close(torch.from_numpy(out), model(*inputs).detach(), rtol=1e-5, atol=1e-5)
+
+
 class DataDependent(nn.Module):
     """Scripts (TorchScript keeps the branch) but does not torch.export (a data-dependent branch)."""
 
@@ -475,6 +525,13 @@ def test_export_writes_triton_model_repositories(model, three_op_model_pt2, tmp_
     assert config.backend == "python" and config.max_batch_size == 32 and config.HasField("dynamic_batching")
     assert config.parameters["customops_model_file"].string_value == "model.pt"
     assert "class TritonPythonModel" in (root / "python" / "model" / "1" / "model.py").read_text()
+    # A copy, not a link to the installed package's file; the folder readable as a mkdir's.
+    from customops.export.triton import PYTHON_MODEL_SOURCE
+
+    assert not os.path.samefile(root / "python" / "model" / "1" / "model.py", PYTHON_MODEL_SOURCE)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(root).st_mode & 0o777 == 0o777 & ~umask
     # The AOTInductor package: torch_aoti does not batch, so full dims and max_batch_size 0.
     _, pt2 = three_op_model_pt2
     write_triton_repositories(str(tmp_path), "model", model, (torch.randn(8, 12),), {"pt": paths["pt"], "pt2": pt2})

@@ -2,7 +2,10 @@
 package (``.pt2``) or ONNX (``.onnx``), and load the first two back.
 
 Every export gets a dynamic batch dimension (dim 0 of each input, 1..``max_batch``); other
-dimensions are made dynamic with ``dynamic_dims=`` (each 1..``max_dim``). Files are written
+dimensions are made dynamic with ``dynamic_dims=`` (each 1..``max_dim``, from a larger minimum
+where torch.export needs one: 2^k + 1 behind layers of total stride 2^k; an offsets input's sizes
+tied to the input's as torch suggests). The model is exported in eval mode and left in the mode it
+was in. Files are written
 under a temporary name next to the target and renamed into place once complete, so a failed
 export leaves no partial file. Command line::
 
@@ -50,7 +53,8 @@ def export_model(
 
     ``example_inputs``: a tensor or a tuple of tensors. ``dynamic_dims``: the dims left
     dynamic; dim 0 is the batch, shared by all inputs, 1..``max_batch``; any other dim d is
-    dynamic (1..``max_dim``) in every input of more than d dims. Example inputs of size 1 at a
+    dynamic (1..``max_dim``, or from the minimum torch.export needs) in every input of more
+    than d dims. Example inputs of size 1 at a
     dynamic dim are exported at size 2. The files appear only when every format has been
     written: if one fails, its error is raised and none of this call's files are left (files of
     an earlier call stay as they were). Raises ValueError, leaving no file, when ``triton``

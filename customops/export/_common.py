@@ -2,6 +2,7 @@
 wrappers around torch's exporters."""
 
 import contextlib
+import itertools
 import logging
 import os
 import re
@@ -89,21 +90,108 @@ def _describe_dim(name: str) -> str:
     return f"dim {m.group(2)} of input {m.group(1)}, which dynamic_dims makes dynamic" if m else name
 
 
-def _export_program(model: nn.Module, inputs, dynamic_shapes):
-    """torch.export.export; a dynamic dim that the model fixes becomes a ValueError naming it."""
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """The model in eval mode for the block, each module's training flag restored after it (an
+    export mid-training leaves BatchNorm and Dropout as they were)."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
     try:
-        with _quiet_export():
-            return torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
-    except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
-        violated = re.search(r"Constraints violated \(([^)]*)\)", str(e))
-        if violated is None:
-            raise
-        where = "; ".join(_describe_dim(n.strip()) for n in violated.group(1).split(","))
-        raise ValueError(
-            f"customops: the model fixes {where}. "
-            + _batch_hint(inputs)
-            + f"\n(torch.export: {str(e).splitlines()[0]})"
-        ) from e
+        yield model
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+# The minima a dynamic dim is retried with where torch.export's guards need more than 1: a layer
+# of stride s gives an output of one pixel below s + 1, which torch.export specialises (a network
+# of total stride 2^k exports from 2^k + 1).
+_RETRY_MINIMA = (2, 3, 5, 9, 17, 33, 65, 129)
+
+
+def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
+    """torch.export.export of ``model`` in eval mode. Returns (program, ranges): ``ranges`` as
+    torch.export accepted them. A dynamic dim whose guards need a larger minimum (a stride-2 layer
+    needs 3) is retried with the next of _RETRY_MINIMA, and torch's suggested fixes (a dim equal to
+    another, a narrower range) are applied; a dim the model fixes (or that needs a minimum above
+    its example's size) becomes a ValueError naming it, with torch's explanation."""
+    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+    spec = dynamic_shapes
+    for _ in range(2 * len(_RETRY_MINIMA) + 2):
+        try:
+            with _quiet_export(), _eval_mode(model):
+                program = torch.export.export(model, inputs, dynamic_shapes=spec)
+            return program, _spec_ranges(spec, ranges)
+        except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
+            msg = str(e)
+            violated = re.search(r"Constraints violated \(([^)]*)\)", msg)
+            if violated is None:
+                raise
+            names = [n.strip() for n in violated.group(1).split(",")]
+            refined = None
+            if "Suggested fixes:" in msg:
+                # torch's parser reads every line after the heading; the message goes on after a blank one
+                head, _, tail = msg.partition("Suggested fixes:")
+                fixes = "\n".join(itertools.takewhile(str.strip, tail.strip("\n").splitlines()))
+                try:
+                    refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + fixes, spec)
+                except Exception:  # a fix torch cannot apply: reported below
+                    refined = None
+            if refined is not None and not _specialized(refined, spec):
+                spec = refined
+                continue
+            raised = None if refined is not None else _raise_minima(spec, names, inputs)
+            if raised is None:
+                where = "; ".join(_describe_dim(n) for n in names)
+                detail = "\n".join(line for line in msg.splitlines()[:12] if line.strip())
+                raise ValueError(
+                    f"customops: the model fixes {where}, or ties it to another input's size. "
+                    + _batch_hint(inputs)
+                    + f"\n(torch.export: {detail})"
+                ) from e
+            spec = raised
+    raise ValueError(f"customops: torch.export kept refusing the dynamic dims {ranges}")
+
+
+def _dims(spec):
+    """(input index, dim index, Dim) of every dynamic dim in a dynamic_shapes tuple."""
+    for i, s in enumerate(spec):
+        for d, dim in (s or {}).items():
+            yield i, d, dim
+
+
+def _specialized(refined, spec) -> bool:
+    """Whether torch's suggested fixes made a dynamic dim static (an int)."""
+    return any(isinstance((refined[i] or {}).get(d), int) for i, d, _ in _dims(spec))
+
+
+def _raise_minima(spec, names, inputs):
+    """``spec`` with each violated dim's minimum raised to the next of _RETRY_MINIMA, or None
+    where a dim has none left within its example's size."""
+    new = {}
+    for i, d, dim in _dims(spec):
+        name = getattr(dim, "__name__", None)
+        if name in names and name not in new and name != "batch":
+            nxt = next((m for m in _RETRY_MINIMA if m > dim.min), None)
+            if nxt is None or nxt > inputs[i].shape[d]:
+                return None
+            new[name] = torch.export.Dim(name, min=nxt, max=dim.max)
+    if not new:
+        return None
+    return tuple(
+        None if s is None else {d: new.get(getattr(dim, "__name__", None), dim) for d, dim in s.items()} for s in spec
+    )
+
+
+def _spec_ranges(spec, ranges):
+    """``ranges`` with each dim's (min, max) as in the dynamic_shapes that torch.export accepted."""
+    out = [dict(r) for r in ranges]
+    for i, d, dim in _dims(spec):
+        lo, hi = getattr(dim, "min", None), getattr(dim, "max", None)
+        if d in out[i] and isinstance(lo, int) and isinstance(hi, int):
+            out[i][d] = (max(lo, out[i][d][0]), min(hi, out[i][d][1]))
+    return out
 
 
 def _publish(stage: str, folder: str, last: Sequence[str] = ()) -> None:

@@ -51,7 +51,7 @@ def export_aoti(
     nothing is written if it fails. Raises ValueError when the model fixes a dim asked to be
     dynamic (dim 0 of a 1-D example input, for one)."""
     inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
-    program = _export_program(model, inputs, dynamic_shapes)
+    program, ranges = _export_program(model, inputs, dynamic_shapes, ranges)
     configs = {
         # torch.export records a lower bound of 2 for a dim exported as 1..n (it treats 0 and 1
         # specially); AOTInductor's own input checks (AOTI_RUNTIME_CHECK_INPUTS=1, for whoever

@@ -11,6 +11,7 @@ from ._common import (
     _as_tuple,
     _batch_hint,
     _dynamic_spec,
+    _export_program,
     _quiet_export,
     _quiet_onnx_registration,
     _staged,
@@ -35,14 +36,14 @@ def export_onnx(
     from .onnx_translation import ONNX_OPSET, ONNX_TRANSLATION_TABLE
 
     inputs, dynamic_shapes, ranges = _dynamic_spec(_as_tuple(example_inputs), dynamic_dims, max_batch, max_dim)
+    exported, ranges = _export_program(model, inputs, dynamic_shapes, ranges)
     with _quiet_onnx_registration(), _quiet_export():
         program = torch.onnx.export(
-            model.eval(),
+            exported,
             inputs,
             dynamo=True,
             custom_translation_table=ONNX_TRANSLATION_TABLE,
             opset_version=ONNX_OPSET,
-            dynamic_shapes=dynamic_shapes,
             optimize=True,
             verbose=False,
         )

@@ -7,7 +7,7 @@ from torch import nn
 
 import customops
 
-from ._common import _as_tuple, _check_file, _quiet_torchscript, _staged
+from ._common import _as_tuple, _check_file, _eval_mode, _quiet_torchscript, _staged
 
 
 def export_torchscript(model: nn.Module, example_inputs, path: str, trace: bool = False) -> str:
@@ -15,8 +15,7 @@ def export_torchscript(model: nn.Module, example_inputs, path: str, trace: bool 
     on ``example_inputs``, which scripting does not need: pass None). Scripted models take any
     input shape. Load it in C++ with ``torch::jit::load`` once the op library is loaded, or in
     Python with :func:`load_torchscript`. Returns ``path``; nothing is written if it fails."""
-    model = model.eval()
-    with _quiet_torchscript():
+    with _quiet_torchscript(), _eval_mode(model):
         if trace:
             if example_inputs is None:
                 raise ValueError("customops: trace=True needs example_inputs")

@@ -312,6 +312,9 @@ def write_triton_repositories(
             )
         )
     stage = tempfile.mkdtemp(prefix=f".{REPOSITORY_DIR}.", suffix=".tmp", dir=out_dir)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(stage, 0o777 & ~umask)  # mkdtemp's 0700 would hide the repository from a server of another user
     try:
         for repo, models in repos.items():
             os.makedirs(os.path.join(stage, repo))
@@ -321,7 +324,12 @@ def write_triton_repositories(
                 with open(os.path.join(stage, repo, config.name, "config.pbtxt"), "w") as f:
                     f.write(config.to_pbtxt(comment))
                 for target, source in model_files.items():
-                    _link_or_copy(source, os.path.join(version, target))
+                    # Hard links only to this export's own files: one to customops' model.py would
+                    # make an edit of the repository's copy an edit of the installed package.
+                    if source == PYTHON_MODEL_SOURCE:
+                        shutil.copyfile(source, os.path.join(version, target))
+                    else:
+                        _link_or_copy(source, os.path.join(version, target))
         with open(os.path.join(stage, "README.md"), "w") as f:
             f.write(_readme(name, out_dir, library, list(files), max_batch))
         old = None

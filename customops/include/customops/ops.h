@@ -48,7 +48,8 @@ std::tuple<at::Tensor, at::Tensor> sigmoid_focal_loss_backward(
 // torchvision.ops.deform_conv2d's semantics: input (B, C_in, H, W), offset
 // (B, 2 * offset_groups * kh * kw, H_out, W_out), weight (C_out, C_in / groups, kh, kw), bias
 // (C_out,) or none, mask (B, offset_groups * kh * kw, H_out, W_out) or none; returns
-// (B, C_out, H_out, W_out), contiguous.
+// (B, C_out, H_out, W_out) in the input's suggested memory format, as conv2d's: channels_last for a
+// channels_last input, else contiguous.
 at::Tensor deform_conv2d(
     const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
     const std::optional<at::Tensor>& bias = std::nullopt, std::array<int64_t, 2> stride = {1, 1},
