@@ -126,6 +126,12 @@ def main(argv=None) -> int:
         return 1
     for fmt, path in paths.items():
         print(f"{fmt}: {path}")
+    if "onnx" in paths and dtype == torch.bfloat16:
+        print(
+            "customops.export: note: onnxruntime's CPU provider has no bfloat16 Conv or Gemm kernels; "
+            "for onnxruntime, export in float32 (--dtype float32)",
+            file=sys.stderr,
+        )
     return 0
 
 

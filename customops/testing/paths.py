@@ -17,6 +17,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..export._common import _quiet_export
 from .spec import PATHS, OpSpec, SampleInput
 
 
@@ -220,7 +221,8 @@ def check_export(spec: OpSpec, device: str, quick: bool = False) -> None:
     for sample in _samples(spec, device, torch.float32, quick=quick):
         tensors = tuple(sample.tensors())
         dynamic = tuple({d: torch.export.Dim.AUTO for d in range(t.dim())} for t in tensors)
-        program = torch.export.export(OpModule(spec, sample), tensors, dynamic_shapes={"tensors": dynamic})
+        with _quiet_export():
+            program = torch.export.export(OpModule(spec, sample), tensors, dynamic_shapes={"tensors": dynamic})
         targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
         assert spec.op.default in targets, f"{spec.name}, sample {sample.name!r}: not in the exported graph: {targets}"
         assert_matches_reference(spec, sample, program.module()(*tensors), torch.float32, "torch.export")
@@ -358,8 +360,9 @@ def build_aoti_package(specs: Sequence[OpSpec], device: str, path: str) -> Packe
     """One AOTInductor package at ``path`` calling every op in ``specs`` on its first sample."""
     _need_device(device)
     model = PackedOps([(s, first_sample(s, device)) for s in specs])
-    program = torch.export.export(model, (model.pack(),))
-    torch._inductor.aoti_compile_and_package(program, package_path=path)
+    with _quiet_export():
+        program = torch.export.export(model, (model.pack(),))
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
     return model
 
 
