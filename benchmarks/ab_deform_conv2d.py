@@ -15,13 +15,14 @@ benchmarks) to /tmp/old and put the baseline's kernel file in it, saved here bef
     python benchmarks/ab_deform_conv2d.py report ab.txt      # medians over rounds, old / new
 
 Paths that an environment variable selects, read per call, need one build and one process:
-``interleave ROUNDS [--depthwise | --narrow | --grouped | --one-group | --offset-groups |
---grouped-weight-heavy]
+``interleave ROUNDS [--depthwise | --narrow | --grouped | --grouped-backward | --one-group |
+--offset-groups | --grouped-weight-heavy]
 LABEL=VAR=VALUE[,VAR=VALUE] ...`` times, shape by shape, the default (label ``old``) and each
 labelled setting in turn, ROUNDS times, in an order that rotates, so that every variant sees the
 same machine state. ``--depthwise`` times depthwise layers of several networks' sizes instead of the
 grid; ``--narrow`` the forwards of layers with few output channels per group (fwd+bwd columns read
 nan), ``--grouped`` those of grouped layers (ResNeXt detectors' DCN stages among them),
+``--grouped-backward`` grouped layers forward and backward (``run --grouped``'s shapes),
 ``--one-group`` the default shapes of one group (whose backward runs the columns' GEMMs over a
 chunk's rows), ``--offset-groups`` layers of narrow offset groups, forward and backward,
 ``--grouped-weight-heavy`` IEEE float32 grouped layers of few pixels and long reductions
@@ -140,6 +141,7 @@ def grouped_shapes():
             Shape(8, 256, 64, 64, 256, 64, 1, dtype, False, note="4 channels per group"),
             Shape(1, 256, 32, 32, 64, 4, 1, dtype, False, note="one image"),
             Shape(1, 256, 32, 32, 256, 4, 1, dtype, False, note="one image"),
+            Shape(16, 32, 56, 38, 64, 2, 1, dtype, False, 3, 1, 1, 1, False, note="long grad_weight reduction"),
         ]
     return out
 
@@ -166,6 +168,7 @@ def grouped_backward_shapes():
             Shape(2, 128, 128, 128, 128, 2, 1, dtype, False),
             Shape(8, 256, 64, 64, 256, 64, 1, dtype, False, note="4 channels per group"),
             Shape(1, 256, 32, 32, 256, 4, 1, dtype, False, note="one image"),
+            Shape(16, 32, 56, 38, 64, 2, 1, dtype, False, 3, 1, 1, 1, False, note="long grad_weight reduction"),
         ]
     return out
 
@@ -266,6 +269,8 @@ def interleave(rounds, settings):
         pick, settings, backward = grouped_shapes, settings[1:], False
     elif settings and settings[0] == "--offset-groups":
         pick, settings = offset_group_shapes, settings[1:]
+    elif settings and settings[0] == "--grouped-backward":
+        pick, settings = grouped_backward_shapes, settings[1:]
     elif settings and settings[0] == "--grouped-weight-heavy":
         pick, settings = grouped_weight_heavy_shapes, settings[1:]
     elif settings and settings[0] == "--one-group":

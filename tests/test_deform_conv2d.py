@@ -662,9 +662,11 @@ def _force_forward(monkeypatch, forward):
 def test_cuda_gemm_per_group_matches_cpu(name, dtype, gemm, monkeypatch):
     # The columns' GEMM per group (CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 forces it in any dtype;
     # IEEE float32 layers of long reductions on few tiles take it), into the rows-major buffer
-    # and straight into NCHW, and the backward's grad_weight GEMM per group (forced only).
+    # and straight into NCHW, and the backward's grad_weight GEMM per group
+    # (CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1, forced only).
     _force_forward(monkeypatch, "grouped_gemm" if gemm == "rows_major" else "columns")
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1")
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", "1")
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
 

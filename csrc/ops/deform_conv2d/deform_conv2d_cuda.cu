@@ -1698,9 +1698,10 @@ bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
 // (torch.profiler, H100, 16x32x56x38 -> 64 in 2 groups, IEEE float32: 1.2 ms of a 1.5 ms forward +
 // backward, benchmarks/results/deform_conv2d_sweep_losses_profile_NVIDIA_H100_2026-12-06_seeds4_5.txt).
 // Per group, cuBLAS can split it. Not yet timed against the batched GEMM, so only the test hook
-// CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 takes it.
+// CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1 takes it (benchmarks/ab_deform_conv2d.py
+// interleave N --grouped-backward per_group=CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1 times it).
 bool grad_weight_per_group(const DeformConv2dGeometry& g) {
-  return g.groups > 1 && env_override("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1", "0") > 0;
+  return g.groups > 1 && env_override("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", "1", "0") > 0;
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
