@@ -115,8 +115,6 @@ def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
     needs 3) is retried with the next of _RETRY_MINIMA, and torch's suggested fixes (a dim equal to
     another, a narrower range) are applied; a dim the model fixes (or that needs a minimum above
     its example's size) becomes a ValueError naming it, with torch's explanation."""
-    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
-
     spec = dynamic_shapes
     for _ in range(2 * len(_RETRY_MINIMA) + 2):
         try:
@@ -129,15 +127,7 @@ def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
             if violated is None:
                 raise
             names = [n.strip() for n in violated.group(1).split(",")]
-            refined = None
-            if "Suggested fixes:" in msg:
-                # torch's parser reads every line after the heading; the message goes on after a blank one
-                head, _, tail = msg.partition("Suggested fixes:")
-                fixes = "\n".join(itertools.takewhile(str.strip, tail.strip("\n").splitlines()))
-                try:
-                    refined = refine_dynamic_shapes_from_suggested_fixes(head + "Suggested fixes:\n" + fixes, spec)
-                except Exception:  # a fix torch cannot apply: reported below
-                    refined = None
+            refined = _apply_suggested_fixes(msg, spec)
             if refined is not None and not _specialized(refined, spec):
                 spec = refined
                 continue
@@ -152,6 +142,22 @@ def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
                 ) from e
             spec = raised
     raise ValueError(f"customops: torch.export kept refusing the dynamic dims {ranges}")
+
+
+def _apply_suggested_fixes(msg: str, spec):
+    """``spec`` with the fixes that torch.export's message suggests, or None where it suggests none
+    or torch cannot apply them."""
+    from torch.export.dynamic_shapes import refine_dynamic_shapes_from_suggested_fixes
+
+    head, found, tail = msg.partition("Suggested fixes:")
+    if not found:
+        return None
+    # torch's parser reads every line after the heading; the message goes on after a blank one
+    fixes = "\n".join(itertools.takewhile(str.strip, tail.strip("\n").splitlines()))
+    try:
+        return refine_dynamic_shapes_from_suggested_fixes(head + found + "\n" + fixes, spec)
+    except Exception:  # noqa: BLE001 - a fix torch cannot apply: the caller reports the violation
+        return None
 
 
 def _dims(spec):

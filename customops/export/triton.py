@@ -324,12 +324,7 @@ def write_triton_repositories(
                 with open(os.path.join(stage, repo, config.name, "config.pbtxt"), "w") as f:
                     f.write(config.to_pbtxt(comment))
                 for target, source in model_files.items():
-                    # Hard links only to this export's own files: one to customops' model.py would
-                    # make an edit of the repository's copy an edit of the installed package.
-                    if source == PYTHON_MODEL_SOURCE:
-                        shutil.copyfile(source, os.path.join(version, target))
-                    else:
-                        _link_or_copy(source, os.path.join(version, target))
+                    _link_or_copy(source, os.path.join(version, target))
         with open(os.path.join(stage, "README.md"), "w") as f:
             f.write(_readme(name, out_dir, library, list(files), max_batch))
         old = None
@@ -345,7 +340,12 @@ def write_triton_repositories(
 
 
 def _link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
+    """Hard-links this export's own files where the file system allows, copies the rest: a link
+    to customops' model.py would make an edit of the repository's copy an edit of the package."""
+    if source != PYTHON_MODEL_SOURCE:
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(source, target)
