@@ -711,6 +711,29 @@ def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
     _cuda_vs_cpu(_inputs(**config, scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
+# The thin transposes (one side under 32, the other not: tiles of the whole thin side through
+# shared memory): the weight's reorder to taps-major over several tiles of 448 channels and a
+# shorter last one (600 x 9), the columns' reorder to the weight's order and back (4 pixels,
+# 300 channels: 9 x 300 each way), 1 x 7 taps, few output channels (the rows-major GEMM's output
+# and grad_out, 3 channels by 480 pixels, with the bias added on the way), and the input's
+# channels-last copy (5 channels by 480 pixels).
+THIN_TRANSPOSE_CONFIGS = {
+    "weight_in_tiles": dict(B=1, C=600, H=3, W=4, C_out=8, groups=1, og=1),
+    "columns_to_weight_order": dict(B=1, C=300, H=2, W=2, C_out=64, groups=1, og=3),
+    "1x7_taps": dict(B=2, C=40, H=5, W=9, C_out=36, groups=1, og=1, k=(1, 7), pad=(0, 3)),
+    "few_output_channels": dict(B=2, C=5, H=20, W=24, C_out=3, groups=1, og=1),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("forward", ["columns", "direct"])
+@pytest.mark.parametrize("dtype", list(CUDA_TOL))
+@pytest.mark.parametrize("name", list(THIN_TRANSPOSE_CONFIGS))
+def test_cuda_thin_transposes_match_cpu(name, dtype, forward, monkeypatch):
+    _force_forward(monkeypatch, forward)
+    _cuda_vs_cpu(_inputs(**THIN_TRANSPOSE_CONFIGS[name]), dtype, *CUDA_TOL[dtype])
+
+
 # The column kernel's taps per thread where a unit is one or two 16-byte items, which the GPU's
 # size sets: forced (CUSTOMOPS_TEST_DEFORM_TAPS_PER_THREAD) to one, to slices of 2 and 4 taps
 # with a shorter last one (49 and 9 taps), and to all taps. Units of 2 channels (one item), 8

@@ -1083,11 +1083,10 @@ __global__ void deform_conv2d_transpose_kernel(
   }
 }
 
-// The same copy for thin matrices (a side under kTile, e.g. the weight's kh * kw taps), an
-// element per thread along the destination's rows: tiles would leave most lanes idle (the
-// weight's 256 x 256 x 9 float16 reorder took 6.9 us in tiles on the H200).
+// The same copy for small matrices (both sides under kTile, e.g. a grouped layer's columns of
+// few channels per group), an element per thread along the destination's rows.
 template <typename Ti, typename To>
-__global__ void deform_conv2d_thin_transpose_kernel(
+__global__ void deform_conv2d_small_transpose_kernel(
     const Ti* __restrict__ src, To* __restrict__ dst, const To* __restrict__ bias, TransposeShape s, Divider rows,
     Divider cols, uint32_t total) {
   using S = at::opmath_type<Ti>;
@@ -1099,16 +1098,95 @@ __global__ void deform_conv2d_thin_transpose_kernel(
   }
 }
 
+// Elements of a thin transpose's tile, at most: the whole thin side by this many / its length.
+constexpr int kThinTileElems = 4096;
+
+// The same copy for thin matrices (one side under kTile, e.g. the weight's kh * kw taps): a block
+// per tile of tr rows by tc columns, the whole of the thin side, through shared memory, so that
+// loads run along the source's rows and stores along the destination's, each in runs as long as
+// the tile's (an element per thread read the thin side's rows a stride apart: the 384 x 768 x 5 x 5
+// float32 weight's reorder took 49 us, 20% of a forward, H100,
+// deform_conv2d_sweep_losses_profile_NVIDIA_H100_2026-12-06_seeds4_5.txt). The tile's row stride
+// is odd, so that a warp reading down a column hits distinct banks. Tile indices and element
+// offsets in 64 bits.
+template <typename Ti, typename To>
+__global__ void deform_conv2d_thin_transpose_kernel(
+    const Ti* __restrict__ src, To* __restrict__ dst, const To* __restrict__ bias, TransposeShape s, int tr, int tc,
+    int64_t row_tiles, int64_t col_tiles) {
+  using S = at::opmath_type<Ti>;
+  constexpr int kPer = kThinTileElems / cuda::kThreads;  // loads a thread (launched with kThreads)
+  extern __shared__ __align__(16) unsigned char thin_smem[];
+  S* tile = reinterpret_cast<S*>(thin_smem);
+  const int ld = tc | 1;
+  const int64_t per_batch = row_tiles * col_tiles, tiles = s.batch * per_batch;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t n = t / per_batch, rc = t - n * per_batch, r0 = rc / col_tiles * tr, c0 = rc % col_tiles * tc;
+    const int nr = static_cast<int>(std::min<int64_t>(tr, s.rows - r0));
+    const int nc = static_cast<int>(std::min<int64_t>(tc, s.cols - c0));
+    const Ti* sb = src + n * s.src_batch + r0 * s.src_ld + c0;
+    To* db = dst + n * s.dst_batch + c0 * s.dst_ld + r0;
+    // (i, j) of element e = i * nc + j, stepped by the block without a division per element; a
+    // thread's loads all issued before their stores to the tile.
+    const int di = cuda::kThreads / nc, dj = cuda::kThreads % nc, i0 = threadIdx.x / nc, j0 = threadIdx.x % nc;
+    S v[kPer];
+    int i = i0, j = j0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (i < nr) v[k] = static_cast<S>(sb[i * s.src_ld + j]);
+      i += di + (j + dj >= nc);
+      j += dj - (j + dj >= nc ? nc : 0);
+    }
+    i = i0;
+    j = j0;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      if (i < nr) tile[i * ld + j] = v[k];
+      i += di + (j + dj >= nc);
+      j += dj - (j + dj >= nc ? nc : 0);
+    }
+    __syncthreads();
+    // (j, i) of element e = j * nr + i: along the destination's rows.
+    const int si = cuda::kThreads % nr, sj = cuda::kThreads / nr;
+    i = threadIdx.x % nr;
+    j = threadIdx.x / nr;
+    for (; j < nc; j += sj + (i + si >= nr), i += si - (i + si >= nr ? nr : 0)) {
+      const S val = tile[i * ld + j] + (bias ? static_cast<S>(bias[c0 + j]) : S(0));
+      db[j * s.dst_ld + i] = static_cast<To>(val);
+    }
+    __syncthreads();
+  }
+}
+
 // See deform_conv2d_transpose_kernel; bias: nullptr for none.
 template <typename Ti, typename To>
 void transpose_into(const Ti* src, To* dst, TransposeShape s, const To* bias = nullptr) {
   if (s.batch == 0 || s.rows == 0 || s.cols == 0) return;
   const int64_t total = s.batch * s.rows * s.cols;
   // 32-bit grid-stride indices: below 2^31 items, so that an index plus the grid's stride cannot wrap.
-  if (std::min(s.rows, s.cols) < kTile && total <= std::numeric_limits<int32_t>::max()) {
+  // Test hook (A/B), read per call: CUSTOMOPS_TEST_DEFORM_THIN_TRANSPOSE=element moves thin
+  // matrices an element per thread, as small ones.
+  const char* hook = std::getenv("CUSTOMOPS_TEST_DEFORM_THIN_TRANSPOSE");
+  const bool element = hook != nullptr && std::strcmp(hook, "element") == 0;
+  const bool small = std::max(s.rows, s.cols) < kTile || (element && std::min(s.rows, s.cols) < kTile);
+  if (small && total <= std::numeric_limits<int32_t>::max()) {
     DEFORM_CONV2D_LAUNCH(
-        "deform_conv2d_transpose_kernel", (deform_conv2d_thin_transpose_kernel<Ti, To>), total, src, dst, bias, s,
+        "deform_conv2d_transpose_kernel", (deform_conv2d_small_transpose_kernel<Ti, To>), total, src, dst, bias, s,
         Divider(static_cast<uint32_t>(s.rows)), Divider(static_cast<uint32_t>(s.cols)), static_cast<uint32_t>(total));
+    return;
+  }
+  if (std::min(s.rows, s.cols) < kTile) {
+    const int64_t thin = std::min(s.rows, s.cols);
+    const int64_t long_side = std::max<int64_t>(kTile, kThinTileElems / thin / kTile * kTile);
+    const int tr = static_cast<int>(s.rows < kTile ? s.rows : std::min(long_side, s.rows));
+    const int tc = static_cast<int>(s.cols < kTile ? s.cols : std::min(long_side, s.cols));
+    const int64_t row_tiles = ceil_div(s.rows, tr), col_tiles = ceil_div(s.cols, tc);
+    const size_t smem = static_cast<size_t>(tr) * (tc | 1) * sizeof(at::opmath_type<Ti>);
+    const int64_t blocks = std::min<int64_t>(
+        s.batch * row_tiles * col_tiles, at::cuda::getCurrentDeviceProperties()->multiProcessorCount * 16);
+    deform_conv2d_thin_transpose_kernel<Ti, To>
+        <<<static_cast<unsigned>(blocks), cuda::block_size("deform_conv2d_transpose_kernel"), smem,
+           at::cuda::getCurrentCUDAStream()>>>(src, dst, bias, s, tr, tc, row_tiles, col_tiles);
+    CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_transpose_kernel");
     return;
   }
   constexpr int64_t Ei = 16 / sizeof(Ti), Eo = 16 / sizeof(To);
