@@ -1163,11 +1163,12 @@ void transpose_into(const Ti* src, To* dst, TransposeShape s, const To* bias = n
   if (s.batch == 0 || s.rows == 0 || s.cols == 0) return;
   const int64_t total = s.batch * s.rows * s.cols;
   // 32-bit grid-stride indices: below 2^31 items, so that an index plus the grid's stride cannot wrap.
-  // Test hook (A/B), read per call: CUSTOMOPS_TEST_DEFORM_THIN_TRANSPOSE=element moves thin
-  // matrices an element per thread, as small ones.
-  const char* hook = std::getenv("CUSTOMOPS_TEST_DEFORM_THIN_TRANSPOSE");
-  const bool element = hook != nullptr && std::strcmp(hook, "element") == 0;
-  const bool small = std::max(s.rows, s.cols) < kTile || (element && std::min(s.rows, s.cols) < kTile);
+  // 16-bit thin matrices too go an element per thread: in tiles, the 384 x 768 x 25 float16
+  // weight's reorder took 24 us more, and the grid's float16 and bfloat16 forwards 1-2% longer
+  // (the kernel's 16-bit builds hold 72 registers to float32's 40), where float32's gained 22 us
+  // of 248 and 0.5% either way at the grid (deform_conv2d_ab_thin_transpose_NVIDIA_H100_2026-12-07.md).
+  const bool small =
+      std::max(s.rows, s.cols) < kTile || (std::min(sizeof(Ti), sizeof(To)) < 4 && std::min(s.rows, s.cols) < kTile);
   if (small && total <= std::numeric_limits<int32_t>::max()) {
     DEFORM_CONV2D_LAUNCH(
         "deform_conv2d_transpose_kernel", (deform_conv2d_small_transpose_kernel<Ti, To>), total, src, dst, bias, s,
