@@ -711,12 +711,13 @@ def test_cuda_chunks_match_cpu(name, dtype, monkeypatch):
     _cuda_vs_cpu(_inputs(**config, scale=1.5), dtype, *CUDA_TOL[dtype])
 
 
-# The thin transposes (one side under 32, the other not: tiles of the whole thin side through
-# shared memory): the weight's reorder to taps-major over several tiles of 448 channels and a
-# shorter last one (600 x 9), the columns' reorder to the weight's order and back (4 pixels,
-# 300 channels: 9 x 300 each way), 1 x 7 taps, few output channels (the rows-major GEMM's output
-# and grad_out, 3 channels by 480 pixels, with the bias added on the way), and the input's
-# channels-last copy (5 channels by 480 pixels).
+# The thin transposes (one side under 32, the other not: in float32 and float64, tiles of the
+# whole thin side through shared memory; in 16 bits, an element per thread): the weight's
+# reorder to taps-major over several tiles of 448 channels and a shorter last one (600 x 9), the
+# columns' reorder to the weight's order and back (4 pixels, 300 channels: 9 x 300 each way),
+# 1 x 7 taps, few output channels (the rows-major GEMM's output and grad_out, 3 channels by 480
+# pixels, with the bias added on the way), and the input's channels-last copy (5 channels by 480
+# pixels).
 THIN_TRANSPOSE_CONFIGS = {
     "weight_in_tiles": dict(B=1, C=600, H=3, W=4, C_out=8, groups=1, og=1),
     "columns_to_weight_order": dict(B=1, C=300, H=2, W=2, C_out=64, groups=1, og=3),
@@ -970,6 +971,34 @@ def test_cuda_gemm_per_group_only_where_its_rule_says(monkeypatch):
             monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", setting)
         customops.deform_conv2d(**gpu)  # cuBLAS's first call may launch kernels of its own
         return _kernel_names(customops.deform_conv2d, gpu)[1]
+
+    ran = {(s, tf32): kernels(s, tf32) for s in (None, "0", "1") for tf32 in (False, True)}
+    if any(v is None for v in ran.values()):
+        return
+    assert ran[(None, False)] == ran[("1", False)] and len(ran[(None, False)]) > len(ran[("0", False)]), ran
+    assert ran[(None, True)] == ran[("0", True)], ran
+
+
+@needs_cuda
+def test_cuda_grad_weight_per_group_only_where_its_rule_says(monkeypatch):
+    # 16x32x56x38 -> 64 in 2 groups, DCNv1: 4 tiles of grad_weight, each a reduction over 34048
+    # rows. In IEEE float32 the backward runs what CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1
+    # forces (a GEMM per group: more launches than the batched GEMM); with TF32 allowed, what =0
+    # forces.
+    kw = _inputs(B=16, C=32, H=56, W=38, C_out=64, groups=2, og=1, mask=False, dtype=torch.float32)
+    gpu = {k: (v.cuda().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+    def step(**kwargs):
+        customops.deform_conv2d(**kwargs).sum().backward()
+
+    def kernels(setting, tf32):
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+        if setting is None:
+            monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", raising=False)
+        else:
+            monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", setting)
+        step(**gpu)  # cuBLAS's first call may launch kernels of its own
+        return _kernel_names(step, gpu)[1]
 
     ran = {(s, tf32): kernels(s, tf32) for s in (None, "0", "1") for tf32 in (False, True)}
     if any(v is None for v in ran.values()):

@@ -1773,14 +1773,23 @@ bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
 
 // Whether the backward's grad_weight GEMM of a grouped layer, (C_out / G, rows) x (rows, Kg) per
 // group, runs one GEMM per group instead of one batched over the groups. The batched GEMM does not
-// split its reduction over the chunk's rows, so few output tiles each run the whole of it
-// (torch.profiler, H100, 16x32x56x38 -> 64 in 2 groups, IEEE float32: 1.2 ms of a 1.5 ms forward +
-// backward, benchmarks/results/deform_conv2d_sweep_losses_profile_NVIDIA_H100_2026-12-06_seeds4_5.txt).
-// Per group, cuBLAS can split it. Not yet timed against the batched GEMM, so only the test hook
-// CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1 takes it (benchmarks/ab_deform_conv2d.py
-// interleave N --grouped-backward per_group=CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1 times it).
-bool grad_weight_per_group(const DeformConv2dGeometry& g) {
-  return g.groups > 1 && env_override("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", "1", "0") > 0;
+// split its reduction over the chunk's rows, so few output tiles each run the whole of it (16x32x56x38
+// -> 64 in 2 groups, IEEE float32: 1.2 ms of a 1.5 ms forward + backward); per group, cuBLAS splits
+// it, at a launch per group. Taken in IEEE float32 where the batched GEMM's 128 x 128 tiles fill at
+// most half of the SMs and a tile's work, rows x its outputs, is at least 2^21 multiply-adds per
+// group launched: forwards + backwards 1.02 to 4.3x there (that layer 1510 -> 353 us); 1.2M to
+// 1.4M read 0.72 to 0.88, 32 to 64 groups of few channels 0.30 to 0.68; TF32 lost at 11 of 15
+// layers, float16 at all 15. H100, benchmarks/results/deform_conv2d_ab_grad_weight_per_group_NVIDIA_H100_2026-12-07.md.
+// Test hook: CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1 or =0 forces it on (any dtype) or off.
+template <typename T>
+bool grad_weight_per_group(const DeformConv2dGeometry& g, int64_t rows) {
+  if (g.groups == 1) return false;
+  if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", "1", "0")) return forced > 0;
+  if (!std::is_same_v<T, float> || cuda::matmul_allows_tf32()) return false;
+  const int64_t n = g.out_per_group(), k = g.taps() * g.in_per_group();
+  const int64_t tiles = g.groups * ceil_div(n, 128) * ceil_div(k, 128);
+  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount &&
+         rows * std::min<int64_t>(n, 128) * std::min<int64_t>(k, 128) >= (int64_t{1} << 21) * g.groups;
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
@@ -2315,7 +2324,7 @@ void backward_impl(
       if (want[2]) {
         gemm_columns<T>(o, g, ch, xs, col, gcol);
         const at::Tensor go_g = strided(gor, 0, {g.groups, Cg, rows}, {Cg * ld, ld, 1});
-        if (grad_weight_per_group(g)) {
+        if (grad_weight_per_group<T>(g, rows)) {
           for (int64_t gc = 0; gc < g.groups; ++gc) {
             at::Tensor gw_g = acc.gw[gc];
             accumulate_into(gw_g, go_g[gc], cols[gc], first);
