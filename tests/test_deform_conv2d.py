@@ -955,48 +955,40 @@ def _ran_kernel(kernel, fn, kwargs):
     return out
 
 
-@needs_cuda
-def test_cuda_gemm_per_group_only_where_its_rule_says(monkeypatch):
-    # 1x512x7x7 -> 512 in 2 groups: 4 tiles of 128 x 128 and a reduction of 2304 per group. In
-    # IEEE float32 the default runs what CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 forces (more cuBLAS
-    # launches than the batched GEMM); with TF32 allowed, what =0 forces.
-    kw = _inputs(B=1, C=512, H=7, W=7, C_out=512, groups=2, og=1, dtype=torch.float32)
-    gpu = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-
-    def kernels(setting, tf32):
-        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
-        if setting is None:
-            monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", raising=False)
-        else:
-            monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", setting)
-        customops.deform_conv2d(**gpu)  # cuBLAS's first call may launch kernels of its own
-        return _kernel_names(customops.deform_conv2d, gpu)[1]
-
-    ran = {(s, tf32): kernels(s, tf32) for s in (None, "0", "1") for tf32 in (False, True)}
-    if any(v is None for v in ran.values()):
-        return
-    assert ran[(None, False)] == ran[("1", False)] and len(ran[(None, False)]) > len(ran[("0", False)]), ran
-    assert ran[(None, True)] == ran[("0", True)], ran
+# Where IEEE float32 runs a GEMM per group instead of one batched over the groups, the default
+# runs what the test hook's =1 forces (more cuBLAS launches than the batched GEMM); with TF32
+# allowed, what =0 forces. The forward's columns GEMM (gemm_per_group) at 1x512x7x7 -> 512 in 2
+# groups: 4 tiles of 128 x 128 and a reduction of 2304 per group; the backward's grad_weight GEMM
+# (grad_weight_per_group) at 16x32x56x38 -> 64 in 2 groups, DCNv1: 4 tiles, each a reduction over
+# 34048 rows.
+PER_GROUP_RULES = {
+    "forward": ("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", dict(B=1, C=512, H=7, W=7, C_out=512, groups=2, og=1)),
+    "grad_weight": (
+        "CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP",
+        dict(B=16, C=32, H=56, W=38, C_out=64, groups=2, og=1, mask=False),
+    ),
+}
 
 
 @needs_cuda
-def test_cuda_grad_weight_per_group_only_where_its_rule_says(monkeypatch):
-    # 16x32x56x38 -> 64 in 2 groups, DCNv1: 4 tiles of grad_weight, each a reduction over 34048
-    # rows. In IEEE float32 the backward runs what CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1
-    # forces (a GEMM per group: more launches than the batched GEMM); with TF32 allowed, what =0
-    # forces.
-    kw = _inputs(B=16, C=32, H=56, W=38, C_out=64, groups=2, og=1, mask=False, dtype=torch.float32)
-    gpu = {k: (v.cuda().requires_grad_() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+@pytest.mark.parametrize("gemm", list(PER_GROUP_RULES))
+def test_cuda_gemm_per_group_only_where_its_rule_says(gemm, monkeypatch):
+    var, config = PER_GROUP_RULES[gemm]
+    backward = gemm == "grad_weight"
+    kw = _inputs(**config, dtype=torch.float32)
+    gpu = {k: (v.cuda().requires_grad_(backward) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
 
     def step(**kwargs):
-        customops.deform_conv2d(**kwargs).sum().backward()
+        out = customops.deform_conv2d(**kwargs)
+        if backward:
+            out.sum().backward()
 
     def kernels(setting, tf32):
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
         if setting is None:
-            monkeypatch.delenv("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", raising=False)
+            monkeypatch.delenv(var, raising=False)
         else:
-            monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", setting)
+            monkeypatch.setenv(var, setting)
         step(**gpu)  # cuBLAS's first call may launch kernels of its own
         return _kernel_names(step, gpu)[1]
 
