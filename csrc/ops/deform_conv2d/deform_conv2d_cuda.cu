@@ -1084,7 +1084,8 @@ __global__ void deform_conv2d_transpose_kernel(
 }
 
 // The same copy for small matrices (both sides under kTile, e.g. a grouped layer's columns of
-// few channels per group), an element per thread along the destination's rows.
+// few channels per group) and 16-bit thin ones (transpose_into), an element per thread along the
+// destination's rows.
 template <typename Ti, typename To>
 __global__ void deform_conv2d_small_transpose_kernel(
     const Ti* __restrict__ src, To* __restrict__ dst, const To* __restrict__ bias, TransposeShape s, Divider rows,
@@ -1754,6 +1755,18 @@ bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
   return g.groups > 1 && (g.batch > 1 || !aligned_rows);
 }
 
+// What the per-group GEMM rules share: a grouped layer; the test hook's answer where it is set
+// (=1 on in any dtype, =0 off); else IEEE float32 (cuBLAS's batched tensor-core kernels are fast
+// enough in TF32 and 16 bits) whose batched GEMM's `tiles` 128 x 128 tiles fill at most half of
+// the SMs, and the rule's own condition, `enough_work`.
+template <typename T>
+bool per_group_gemm(const DeformConv2dGeometry& g, const char* hook, int64_t tiles, bool enough_work) {
+  if (g.groups == 1) return false;
+  if (const int forced = env_override(hook, "1", "0")) return forced > 0;
+  return std::is_same_v<T, float> && !cuda::matmul_allows_tf32() && enough_work &&
+         2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
 // Whether a grouped layer's columns GEMM runs one GEMM per group instead of one batched over the
 // groups: cuBLAS splits the reduction of a single GEMM where its tiles are too few for the SMs, and
 // not of a batched one. Taken in IEEE float32 where the batched GEMM's 128 x 128 tiles fill at
@@ -1764,11 +1777,9 @@ bool grouped_gemm(const DeformConv2dGeometry& g, bool aligned_rows) {
 // CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP=1 or =0 forces it on (any dtype) or off.
 template <typename T>
 bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
-  if (g.groups == 1) return false;
-  if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1", "0")) return forced > 0;
-  if (!std::is_same_v<T, float> || cuda::matmul_allows_tf32()) return false;
-  const int64_t tiles = g.groups * ceil_div(rows, 128) * ceil_div(g.out_per_group(), 128);
-  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount && Kg >= 768 * g.groups;
+  return per_group_gemm<T>(
+      g, "CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", g.groups * ceil_div(rows, 128) * ceil_div(g.out_per_group(), 128),
+      Kg >= 768 * g.groups);
 }
 
 // Whether the backward's grad_weight GEMM of a grouped layer, (C_out / G, rows) x (rows, Kg) per
@@ -1783,13 +1794,10 @@ bool gemm_per_group(const DeformConv2dGeometry& g, int64_t rows, int64_t Kg) {
 // Test hook: CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1 or =0 forces it on (any dtype) or off.
 template <typename T>
 bool grad_weight_per_group(const DeformConv2dGeometry& g, int64_t rows) {
-  if (g.groups == 1) return false;
-  if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", "1", "0")) return forced > 0;
-  if (!std::is_same_v<T, float> || cuda::matmul_allows_tf32()) return false;
   const int64_t n = g.out_per_group(), k = g.taps() * g.in_per_group();
-  const int64_t tiles = g.groups * ceil_div(n, 128) * ceil_div(k, 128);
-  return 2 * tiles <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount &&
-         rows * std::min<int64_t>(n, 128) * std::min<int64_t>(k, 128) >= (int64_t{1} << 21) * g.groups;
+  return per_group_gemm<T>(
+      g, "CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", g.groups * ceil_div(n, 128) * ceil_div(k, 128),
+      rows * std::min<int64_t>(n, 128) * std::min<int64_t>(k, 128) >= (int64_t{1} << 21) * g.groups);
 }
 
 // Output channels per thread of the direct kernel: the fewest blocks along a group's output
