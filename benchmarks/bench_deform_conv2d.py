@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import customops  # noqa: E402
 
 # float32 with TF32 allowed for matmuls (torch.backends.cuda.matmul.allow_tf32), which
-# torchvision's GEMM and ours then use; plain float32 rows run IEEE float32 matmuls.
+# torchvision's GEMM and ours then use, and for cuDNN's conv2d (torch.backends.cudnn.allow_tf32,
+# which is on by default); plain float32 rows run IEEE float32 in all three.
 TF32 = "float32, TF32"
 
 
@@ -344,7 +345,7 @@ def fwd_bwd(call, inputs):
 def bench_shape(shape, device, measure, tv, rounds):
     dtype, groups = shape.dtype, shape.groups
     geometry = ((shape.stride,) * 2, (shape.pad,) * 2, (shape.dil,) * 2)
-    torch.backends.cuda.matmul.allow_tf32 = dtype == TF32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = dtype == TF32
     row = {}
     for mode in ("fwd", "fwd+bwd"):
         rg = mode == "fwd+bwd"
