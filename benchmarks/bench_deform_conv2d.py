@@ -14,7 +14,9 @@ torch.utils.benchmark's blocked_autorange. CUDA: medians with the L2 flushed (be
 and the extra peak memory of forward + backward. Each row also gives the work it has to do:
 the dense convolution's GEMM FLOPs, the bilinear gathers (4 reads and 4 multiply-adds per
 sampled value, B * C_in * kh * kw * H_out * W_out values) and the bytes that must move at
-least once (inputs, offsets, mask, weight and output).
+least once (inputs, offsets, mask, weight and output), and the floor they give at the device's
+ceilings, measured at the start of the run (a large matrix product per dtype, a large copy):
+no implementation runs much faster, and ours / floor is how far ours is from it.
 
     python benchmarks/bench_deform_conv2d.py --out benchmarks/results          # CPU shapes
     python benchmarks/bench_deform_conv2d.py --device cuda --out benchmarks/results
@@ -303,6 +305,33 @@ def work(shape):
     return gemm, gather, bytes_
 
 
+def ceilings(device, measure, dtypes):
+    """The device's measured ceilings (docs/deform_conv2d.md, "Benchmarks"): the GEMM rate per
+    dtype in TFLOP/s (a large matrix product through torch's library: cuBLAS, or the CPU's BLAS),
+    which float32's rate (IEEE) also bounds the bilinear gathers by, and the copy bandwidth in
+    TB/s (reads plus writes)."""
+    from common import copy_tbs, matmul_tflops
+
+    cuda = device == "cuda"
+    n, nbytes = (8192, 2**31) if cuda else (2048, 2**28)
+    rates = {}
+    for dtype in set(dtypes) | {torch.float32}:
+        real = torch.float32 if dtype == TF32 else dtype
+        rates[dtype] = matmul_tflops(measure, real, device, n, tf32=dtype == TF32)
+    return rates, copy_tbs(measure, device, nbytes)
+
+
+def floors(shape, rates, tbs):
+    """Times (us) under which no implementation can run the forward and the forward + backward:
+    the largest of the GEMM's FLOPs at the dtype's measured GEMM rate, the gathers' at float32's
+    and the minimum bytes at the copy bandwidth. The backward does the forward's work twice
+    (two GEMMs of its size, the gathers again for the columns and for grad_input, and reads and
+    writes of the same tensors and their gradients), so forward + backward is three times it."""
+    gemm, gather, bytes_ = work(shape)
+    fwd = max(gemm / rates[shape.dtype], gather / rates[torch.float32], bytes_ / tbs) / 1e6
+    return fwd, 3 * fwd
+
+
 def timer(device):
     if device == "cuda":
         from common import do_bench
@@ -509,6 +538,16 @@ def main():
         f"{machine}, torch {torch.__version__}, torchvision {tv_version or 'not importable: ' + str(tv_missing)}, "
         f"{datetime.date.today().isoformat()}. Command: `python {' '.join(sys.argv)}`."
     )
+    rates, tbs = ceilings(device, measure, {shape.dtype for shape in shapes})
+    header += " Measured ceilings: " + ", ".join(
+        f"{'float32 (IEEE)' if d == torch.float32 else d if d == TF32 else str(d).replace('torch.', '')} GEMM "
+        f"{r:.3g} TFLOP/s"
+        for d, r in rates.items()
+    )
+    header += (
+        f", copy {tbs:.3g} TB/s; floor: the largest of GEMM FLOPs / GEMM rate, gather FLOPs / float32's, "
+        "min. bytes / copy bandwidth (forward + backward: 3 times the forward's)."
+    )
     print(header)
     rows = []
     for shape in shapes:
@@ -521,10 +560,12 @@ def main():
         row["gather GFLOP"] = gather / 1e9
         row["min. MB moved"] = bytes_ / 1e6
         row["customops fwd GFLOP/s"] = (gemm + gather) / (row["customops fwd (us)"] * 1e3)
+        row["floor fwd (us)"], row["floor fwd+bwd (us)"] = floors(shape, rates, tbs)
         for mode in ("fwd", "fwd+bwd"):
             if f"torchvision {mode} (us)" in row:
                 row[f"torchvision / customops {mode}"] = row[f"torchvision {mode} (us)"] / row[f"customops {mode} (us)"]
             row[f"customops / conv2d {mode}"] = row[f"customops {mode} (us)"] / row[f"conv2d {mode} (us)"]
+            row[f"customops / floor {mode}"] = row[f"customops {mode} (us)"] / row[f"floor {mode} (us)"]
         print(json.dumps(row))
         rows.append(row)
     if args.out:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import customops
-from common import bench_round_robin, do_bench, forced, graphed, rel_err
+from common import bench_round_robin, copy_tbs, do_bench, forced, graphed, matmul_tflops, rel_err
 
 TABLE_SHAPES = [
     (16384, 4096, 4096),
@@ -44,14 +44,7 @@ SWEEP_M = [2**i for i in range(15)]  # 1 .. 16384 at K = N = 4096
 
 def measure_ceilings():
     """Measured bf16 dense matmul rate (TFLOP/s) and copy bandwidth (TB/s, read + write)."""
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    tflops = 2 * n**3 / (do_bench(lambda: a @ b) * 1e-6) / 1e12
-    src = torch.randn(2**29, device="cuda", dtype=torch.float32)  # 2 GiB
-    dst = torch.empty_like(src)
-    tbs = 2 * src.numel() * 4 / (do_bench(lambda: dst.copy_(src)) * 1e-6) / 1e12
-    return tflops, tbs  # the 2.5 GiB of buffers are freed on return
+    return matmul_tflops(do_bench, torch.bfloat16), copy_tbs(do_bench)
 
 
 def eager_fn(x, w, b):

@@ -9,6 +9,30 @@ def do_bench(fn, rep=100) -> float:
     return triton_do_bench(fn, warmup=25, rep=rep, return_mode="median") * 1e3
 
 
+def matmul_tflops(measure, dtype, device="cuda", n=8192, tf32=False) -> float:
+    """Measured rate of an n x n x n matrix product through torch's library (cuBLAS, or the
+    CPU's BLAS), in TFLOP/s: the ceiling of a GEMM in that dtype (float32: IEEE, or TF32 where
+    tf32). measure(fn) returns microseconds."""
+    import torch
+
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        return 2 * n**3 / (measure(lambda: a @ b) * 1e-6) / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def copy_tbs(measure, device="cuda", nbytes=2**31) -> float:
+    """Measured bandwidth of a device-to-device copy of nbytes, reads plus writes, in TB/s."""
+    import torch
+
+    src = torch.randn(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / (measure(lambda: dst.copy_(src)) * 1e-6) / 1e12
+
+
 def bench_round_robin(impls, rounds=3):
     """Median over `rounds` passes that each time every implementation once, in turn: on a
     power-limited GPU the clock drifts within a run, and timing each implementation in one
