@@ -81,7 +81,8 @@ def deform_conv2d(
     Raises:
         TypeError: ``input``, ``offset`` or ``weight`` not a Tensor, ``bias`` or ``mask`` neither
             a Tensor nor None, or stride, padding or dilation not an int (or integer-like, as
-            numpy's ints) or a sequence of them.
+            numpy's ints, in eager mode: torch.compile traces numpy values as tensors, and
+            fails on them, as it does for F.conv2d's) or a sequence of them.
         RuntimeError: a non-floating dtype, mixed dtypes or devices; a tensor of the wrong
             rank; ``C_in`` not a multiple of ``weight.shape[1]`` or of ``offset_groups``;
             ``C_out`` not a multiple of ``groups``; ``offset.shape[1]`` not a positive multiple
