@@ -344,7 +344,8 @@ CPU_CHUNK_CONFIGS = {
     # One image of 16 pixels and 64 output channels: the weight's order, one image per chunk.
     "weight_order_one_image": dict(B=1, C=64, H=4, W=4, C_out=64, groups=1, og=2),
     # 400-pixel images of one group: the forward's GEMM batched over a chunk's images, as many
-    # images to each thread (4 + 1 on 2 threads).
+    # images to each thread (4 + 1 on 2 threads); the backward's chunks the same, an image per
+    # task in the first (grads_by_image), image by image in the last.
     "images_batched_per_thread": dict(B=5, C=8, H=20, W=20, C_out=6, groups=1, og=2),
     # 4 MB images, copied channels-last (and grad_input accumulated) 2 at a time: 2 + 1 (the
     # forward's batched GEMMs too).

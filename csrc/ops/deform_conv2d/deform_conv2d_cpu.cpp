@@ -779,8 +779,16 @@ void backward_impl(
   const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
   const int64_t P = g.out_pixels();
   // Several small images per chunk as in the forward, with grad_out's chunk copied to
-  // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms).
-  const int64_t images = images_per_chunk(g, L, sizeof(T), false);
+  // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms); larger images of
+  // one group too, where each thread gets two or more, so that grads_by_image takes an image per
+  // task (forward + backward, 2 threads: 1.05 to 1.78x as fast at 13 of 15 such layers in every
+  // pass, 0.92 to 0.96 at 4x384x25x32 -> 384 1x1 in 3 of 4; with 2 images a chunk, not taken,
+  // 0.94 to 1.02; docs/deform_conv2d.md).
+  int64_t images = images_per_chunk(g, L, sizeof(T), false);
+  if (images == 0 && g.groups == 1) {
+    const int64_t batched = images_per_chunk(g, L, sizeof(T), true);
+    if (batched >= 2 * at::get_num_threads()) images = batched;
+  }
   const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
   at::Tensor col = at::empty({chunk, L.row}, ops.opts);
   const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
