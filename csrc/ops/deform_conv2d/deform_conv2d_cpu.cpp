@@ -784,11 +784,8 @@ void backward_impl(
   // task (forward + backward, 2 threads: 1.05 to 1.78x as fast at 13 of 15 such layers in every
   // pass, 0.92 to 0.96 at 4x384x25x32 -> 384 1x1 in 3 of 4; with 2 images a chunk, not taken,
   // 0.94 to 1.02; docs/deform_conv2d.md).
-  int64_t images = images_per_chunk(g, L, sizeof(T), false);
-  if (images == 0 && g.groups == 1) {
-    const int64_t batched = images_per_chunk(g, L, sizeof(T), true);
-    if (batched >= 2 * at::get_num_threads()) images = batched;
-  }
+  int64_t images = images_per_chunk(g, L, sizeof(T), g.groups == 1);
+  if (P >= kMinGemmPixels && images < 2 * at::get_num_threads()) images = 0;
   const int64_t chunk = std::max(column_chunk_pixels(g, L, sizeof(T)), images * P);
   at::Tensor col = at::empty({chunk, L.row}, ops.opts);
   const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
