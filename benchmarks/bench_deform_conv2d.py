@@ -305,6 +305,11 @@ def work(shape):
     return gemm, gather, bytes_
 
 
+def dtype_name(dtype):
+    """A row's dtype as the tables name it: "float32" (IEEE), "float32, TF32", "float16", ..."""
+    return dtype if dtype == TF32 else str(dtype).replace("torch.", "")
+
+
 def ceilings(device, measure, dtypes):
     """The device's measured ceilings (docs/deform_conv2d.md, "Benchmarks"): the GEMM rate per
     dtype in TFLOP/s (a large matrix product through torch's library: cuBLAS, or the CPU's BLAS),
@@ -539,11 +544,7 @@ def main():
         f"{datetime.date.today().isoformat()}. Command: `python {' '.join(sys.argv)}`."
     )
     rates, tbs = ceilings(device, measure, {shape.dtype for shape in shapes})
-    header += " Measured ceilings: " + ", ".join(
-        f"{'float32 (IEEE)' if d == torch.float32 else d if d == TF32 else str(d).replace('torch.', '')} GEMM "
-        f"{r:.3g} TFLOP/s"
-        for d, r in rates.items()
-    )
+    header += " Measured ceilings: " + ", ".join(f"{dtype_name(d)} GEMM {r:.3g} TFLOP/s" for d, r in rates.items())
     header += (
         f", copy {tbs:.3g} TB/s; floor: the largest of GEMM FLOPs / GEMM rate, gather FLOPs / float32's, "
         "min. bytes / copy bandwidth (forward + backward: 3 times the forward's)."
@@ -552,7 +553,7 @@ def main():
     rows = []
     for shape in shapes:
         dtype = shape.dtype
-        row = {"shape": shape.name(), "dtype": dtype if dtype == TF32 else str(dtype).replace("torch.", "")}
+        row = {"shape": shape.name(), "dtype": dtype_name(dtype)}
         # torchvision has no bfloat16 kernels ("deformable_im2col" not implemented for 'BFloat16').
         row.update(bench_shape(shape, device, measure, None if dtype == torch.bfloat16 else tv, args.rounds))
         gemm, gather, bytes_ = work(shape)
