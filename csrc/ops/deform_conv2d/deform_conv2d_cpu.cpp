@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 #include <tuple>
 #include <vector>
 
@@ -39,6 +40,7 @@
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define CUSTOMOPS_DC_AVX2 1
 #define CUSTOMOPS_DC_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#include <immintrin.h>
 #else
 #define CUSTOMOPS_DC_AVX2 0
 #endif
@@ -401,6 +403,29 @@ C10_ALWAYS_INLINE void coord_grad_body(
   }
 }
 
+// Depthwise backward over rows r of columns col (rows, taps, C), channels [c0, c1): gw (taps,
+// C) += col[r] * go[r] where gw is given, then col[r] = go[r] * wt (taps, C), the grad columns,
+// in place where gcol. Per channel the rows add in order: the same result for any split of the
+// channels.
+template <typename T>
+C10_ALWAYS_INLINE void depthwise_grads_body(
+    T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C, int64_t c0, int64_t c1) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* __restrict__ g = go + r * C;
+    for (int64_t t = 0; t < taps; ++t) {
+      T* __restrict__ x = col + (r * taps + t) * C;
+      if (gw) {
+        T* __restrict__ a = gw + t * C;
+        for (int64_t c = c0; c < c1; ++c) a[c] += x[c] * g[c];
+      }
+      if (gcol) {
+        const T* __restrict__ w = wt + t * C;
+        for (int64_t c = c0; c < c1; ++c) x[c] = g[c] * w[c];
+      }
+    }
+  }
+}
+
 using Runs = std::vector<std::vector<Run>>;
 
 template <typename T>
@@ -414,6 +439,11 @@ void col2im_base(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, in
 template <typename T>
 void depthwise_base(const Image<T>& im, const T* wt, int64_t r0, int64_t r1, T* out) {
   depthwise_body(im, wt, r0, r1, out);
+}
+template <typename T>
+void depthwise_grads_base(
+    T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C, int64_t c0, int64_t c1) {
+  depthwise_grads_body(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
 }
 template <typename T>
 void coord_grad_base(
@@ -435,6 +465,11 @@ template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void col2im_avx2(
     const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, int64_t c0, int64_t c1, T* gx) {
   col2im_body(im, p0, rows, gcol, c0, c1, gx);
+}
+template <typename T>
+CUSTOMOPS_DC_TARGET_AVX2 void depthwise_grads_avx2(
+    T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C, int64_t c0, int64_t c1) {
+  depthwise_grads_body(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
 }
 template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void coord_grad_avx2(
@@ -487,6 +522,20 @@ void col2im(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, T* gx) 
   });
 }
 
+// Over blocks of a cache line's channels, each thread's own (col2im's reason).
+template <typename T>
+void depthwise_grads(T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C) {
+  const int64_t line = 64 / sizeof(T), blocks = (C + line - 1) / line;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, rows * taps * std::min(C, line)));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    const int64_t c0 = b0 * line, c1 = std::min(C, b1 * line);
+#if CUSTOMOPS_DC_AVX2
+    if (cpu_has_avx2()) return depthwise_grads_avx2(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
+#endif
+    depthwise_grads_base(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
+  });
+}
+
 template <typename T>
 void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, const T* gcol, T* goff, T* gmask) {
   const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
@@ -496,6 +545,110 @@ void coord_grad(const Image<T>& im, const Runs& runs, int64_t p0, int64_t rows, 
 #endif
     coord_grad_base(im, runs, p0, r0, r1, gcol, goff, gmask);
   });
+}
+
+// dst[j * ld_dst + i] = src[i * ld_src + j] for i < rows, j < cols: the NCHW <-> channels-last
+// changes of layout, in tiles over both threads, with an 8x8 register transpose for float
+// where the CPU has AVX2. torch's copy_ of a permuted tensor ran at a fraction of the copy
+// bandwidth (2 threads, 1x256x32x32: 230 us to channels-last, where 1 MB moves in about 65 us),
+// most of a depthwise forward from an NCHW input (docs/deform_conv2d.md).
+constexpr int64_t kTransposeTile = 32;
+
+template <typename T>
+C10_ALWAYS_INLINE void transpose_tile_base(const T* src, int64_t ld_src, T* dst, int64_t ld_dst, int64_t r, int64_t c) {
+  for (int64_t j = 0; j < c; ++j) {
+    for (int64_t i = 0; i < r; ++i) dst[j * ld_dst + i] = src[i * ld_src + j];
+  }
+}
+
+#if CUSTOMOPS_DC_AVX2
+CUSTOMOPS_DC_TARGET_AVX2 void transpose_tile_avx2(
+    const float* src, int64_t ld_src, float* dst, int64_t ld_dst, int64_t r, int64_t c) {
+  int64_t i = 0;
+  for (; i + 8 <= r; i += 8) {
+    int64_t j = 0;
+    for (; j + 8 <= c; j += 8) {
+      const float* s = src + i * ld_src + j;
+      __m256 a[8], t[8];
+      for (int k = 0; k < 8; ++k) a[k] = _mm256_loadu_ps(s + k * ld_src);
+      for (int k = 0; k < 4; ++k) {
+        t[2 * k] = _mm256_unpacklo_ps(a[2 * k], a[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(a[2 * k], a[2 * k + 1]);
+      }
+      for (int k = 0; k < 2; ++k) {
+        a[4 * k] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0x44);
+        a[4 * k + 1] = _mm256_shuffle_ps(t[4 * k], t[4 * k + 2], 0xEE);
+        a[4 * k + 2] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0x44);
+        a[4 * k + 3] = _mm256_shuffle_ps(t[4 * k + 1], t[4 * k + 3], 0xEE);
+      }
+      float* d = dst + j * ld_dst + i;
+      for (int k = 0; k < 4; ++k) {
+        _mm256_storeu_ps(d + k * ld_dst, _mm256_permute2f128_ps(a[k], a[k + 4], 0x20));
+        _mm256_storeu_ps(d + (k + 4) * ld_dst, _mm256_permute2f128_ps(a[k], a[k + 4], 0x31));
+      }
+    }
+    transpose_tile_base(src + i * ld_src + j, ld_src, dst + j * ld_dst + i, ld_dst, 8, c - j);
+  }
+  transpose_tile_base(src + i * ld_src, ld_src, dst + i, ld_dst, r - i, c);
+}
+#endif
+
+template <typename T>
+void transpose(const T* src, int64_t rows, int64_t cols, int64_t ld_src, T* dst, int64_t ld_dst) {
+  const int64_t tr = (rows + kTransposeTile - 1) / kTransposeTile, tc = (cols + kTransposeTile - 1) / kTransposeTile;
+  const int64_t grain = std::max<int64_t>(1, 32768 / (kTransposeTile * kTransposeTile));
+  at::parallel_for(0, tr * tc, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t i = t / tc * kTransposeTile, j = t % tc * kTransposeTile;
+      const int64_t r = std::min(kTransposeTile, rows - i), c = std::min(kTransposeTile, cols - j);
+      const T* s = src + i * ld_src + j;
+      T* d = dst + j * ld_dst + i;
+#if CUSTOMOPS_DC_AVX2
+      if constexpr (std::is_same_v<T, float>) {
+        if (cpu_has_avx2()) {
+          transpose_tile_avx2(s, ld_src, d, ld_dst, r, c);
+          continue;
+        }
+      }
+#endif
+      transpose_tile_base(s, ld_src, d, ld_dst, r, c);
+    }
+  });
+}
+
+// dst = src, both (batch, M, N), where src's M and dst's N are their unit strides: one
+// transpose per matrix; else (other layouts or dtypes) torch's copy_.
+template <typename T>
+void copy_transposed(const at::Tensor& dst, const at::Tensor& src) {
+  const auto ct = c10::CppTypeToScalarType<T>::value;
+  if (src.scalar_type() != ct || dst.scalar_type() != ct || src.stride(1) != 1 || dst.stride(2) != 1 ||
+      src.size(1) < 2 || src.size(2) < 2) {
+    dst.copy_(src);
+    return;
+  }
+  for (int64_t b = 0; b < src.size(0); ++b) {
+    transpose(
+        src.const_data_ptr<T>() + b * src.stride(0), src.size(2), src.size(1), src.stride(2),
+        dst.data_ptr<T>() + b * dst.stride(0), dst.stride(1));
+  }
+}
+
+// dst (batch, C, H, W), channels_last in T, = src (any layout and dtype).
+template <typename T>
+void copy_to_channels_last(const at::Tensor& dst, const at::Tensor& src) {
+  const at::Tensor s = src.to(c10::CppTypeToScalarType<T>::value);
+  if (!s.is_contiguous()) return dst.copy_(s), void();
+  copy_transposed<T>(dst.permute({0, 2, 3, 1}).flatten(1, 2), s.flatten(2).transpose(1, 2));
+}
+
+// t (batch, C, H, W) in T, NCHW-contiguous (t itself where it is).
+template <typename T>
+at::Tensor to_nchw(const at::Tensor& t) {
+  const at::Tensor s = t.to(c10::CppTypeToScalarType<T>::value);
+  if (s.is_contiguous() || !s.is_contiguous(at::MemoryFormat::ChannelsLast)) return s.contiguous();
+  at::Tensor out = at::empty(s.sizes(), s.options().memory_format(at::MemoryFormat::Contiguous));
+  copy_transposed<T>(out.flatten(2), s.flatten(2));
+  return out;
 }
 
 // The images b0 .. b0 + nb - 1 that a buffer of images holds. next(first, count): false where
@@ -534,7 +687,8 @@ struct Operands {
       x = input;
       held.nb = g.batch;
     } else if (per_copy >= g.batch) {
-      x = input.to(ct).contiguous(at::MemoryFormat::ChannelsLast);
+      x = at::empty(input.sizes(), opts.memory_format(at::MemoryFormat::ChannelsLast));
+      copy_to_channels_last<T>(x, input);
       held.nb = g.batch;
     }
     off = offset.to(ct).contiguous();
@@ -555,7 +709,7 @@ struct Operands {
     if (!x.defined() || x.size(0) < held.nb) {
       x = at::empty({held.nb, g.in_channels, g.height, g.width}, opts.memory_format(at::MemoryFormat::ChannelsLast));
     }
-    x.narrow(0, 0, held.nb).copy_(input.narrow(0, first, held.nb));
+    copy_to_channels_last<T>(x.narrow(0, 0, held.nb), input.narrow(0, first, held.nb));
   }
 
   Image<T> image(int64_t b) const {
@@ -642,7 +796,7 @@ at::Tensor forward_impl(
     for (int64_t b = 0; b < g.batch; ++b) {
       ops.stage(b, 1);
       depthwise(ops.image(b), wt.const_data_ptr<T>(), rows.data_ptr<T>());
-      out3[b].copy_(rows.t());
+      copy_transposed<T>(out3.narrow(0, b, 1), rows.t().unsqueeze(0));
     }
   } else {
     const int64_t P = g.out_pixels();
@@ -679,9 +833,9 @@ at::Tensor forward_impl(
         at::Tensor dst = rows.narrow(0, 0, nb * P);
         for (int64_t gc = 0; gc < g.groups; ++gc) {
           at::mm_out(dst, cols.narrow(1, gc * L.per_group, L.per_group), ops.w2[gc].t());
-          out3.narrow(0, b0, nb)
-              .narrow(1, gc * g.out_per_group(), g.out_per_group())
-              .copy_(dst.view({nb, P, g.out_per_group()}).transpose(1, 2));
+          copy_transposed<T>(
+              out3.narrow(0, b0, nb).narrow(1, gc * g.out_per_group(), g.out_per_group()),
+              dst.view({nb, P, g.out_per_group()}).transpose(1, 2));
         }
       }
     } else {
@@ -758,7 +912,8 @@ struct GradInput {
 
   void flush(const ImageRange& r) {
     if (!whole && out.defined() && r.nb > 0)
-      out.narrow(0, r.b0, r.nb).copy_(acc.narrow(0, 0, r.nb).permute({0, 3, 1, 2}));
+      copy_transposed<T>(
+          out.narrow(0, r.b0, r.nb).flatten(2), acc.narrow(0, 0, r.nb).flatten(1, 2).transpose(1, 2));
   }
   void flush() {
     flush(held);
@@ -776,7 +931,7 @@ void backward_impl(
   const ColumnLayout L(g);
   const bool weight_order = gemm_in_weight_order(g, L);
   Operands<T> ops(g, input, offset, weight, mask, need_gcol, weight_order);
-  const at::Tensor go = grad_out.to(ct).contiguous().view({g.batch, g.out_channels, g.out_pixels()});
+  const at::Tensor go = to_nchw<T>(grad_out).view({g.batch, g.out_channels, g.out_pixels()});
   const int64_t P = g.out_pixels();
   // Several small images per chunk as in the forward, with grad_out's chunk copied to
   // (out_channels, pixels) for the GEMMs (16x256x7x7 -> 256: 17.3 -> 15.9 ms); larger images of
@@ -846,6 +1001,14 @@ void backward_impl(
     gxc.flush();
     return;
   }
+  // Depthwise: the weight and grad_weight as (taps, C), each chunk's part of grad_weight summed
+  // before it is added (a chunk's rows, not the whole batch's, add in sequence per channel).
+  at::Tensor wt, gw_tc, gw_part;
+  if (L.depthwise && need_gcol) wt = ops.w2.view({g.in_channels, g.taps()}).t().contiguous();
+  if (L.depthwise && want[2]) {
+    gw_tc = at::empty({g.taps(), g.in_channels}, ops.opts);
+    gw_part = at::empty_like(gw_tc);
+  }
   for (int64_t b = 0; b < g.batch; ++b) {
     ops.stage(b, 1);
     const Image<T> im = ops.image(b);
@@ -855,33 +1018,32 @@ void backward_impl(
     for (int64_t p0 = 0; p0 < P; p0 += chunk) {
       const int64_t n = std::min(chunk, P - p0);
       const bool first = b == 0 && p0 == 0;
-      const at::Tensor cols = col.narrow(0, 0, n);
-      // Depthwise: columns (n, taps, C); each group's GEMM is a product of one channel's
-      // values, done for all channels at once by broadcasting (a GEMM per channel was slower)
-      // with grad_out's chunk as (n, 1, C), copied so that its channels are contiguous (read in
-      // place, at NCHW's channel stride: 1x256x32x32's backward 20.5 ms instead of 14.5).
-      const at::Tensor go_nc = L.depthwise ? go[b].narrow(1, p0, n).t().contiguous().unsqueeze(1) : at::Tensor();
-      if (want[2]) {
-        im2col(im, runs, p0, n, col.data_ptr<T>());
-        if (L.depthwise) {
-          at::Tensor gw = gw_t.view({g.in_channels, g.taps()});
-          const at::Tensor part = (cols.view({n, g.taps(), g.in_channels}) * go_nc).sum(0).t();
-          first ? gw.copy_(part) : gw.add_(part);
-        } else {
+      if (L.depthwise) {
+        // Columns (n, taps, C); grad_out's chunk copied to (n, C), channels contiguous (read in
+        // place at NCHW's channel stride, 1x256x32x32's backward took 20.5 ms instead of 14.5).
+        at::Tensor go_nc = at::empty({1, n, g.in_channels}, ops.opts);
+        copy_transposed<T>(go_nc, go.narrow(0, b, 1).narrow(2, p0, n).transpose(1, 2));
+        if (want[2]) {
+          im2col(im, runs, p0, n, col.data_ptr<T>());
+          gw_part.zero_();
+        }
+        depthwise_grads(
+            col.data_ptr<T>(), go_nc.const_data_ptr<T>(), need_gcol ? wt.const_data_ptr<T>() : nullptr,
+            want[2] ? gw_part.data_ptr<T>() : nullptr, need_gcol, n, g.taps(), g.in_channels);
+        if (want[2]) first ? gw_tc.copy_(gw_part) : gw_tc.add_(gw_part);
+      } else {
+        if (want[2]) {
+          im2col(im, runs, p0, n, col.data_ptr<T>());
           accumulate_gw(n, go[b].narrow(1, p0, n), first);
         }
+        if (need_gcol) grad_columns(n, go[b].narrow(1, p0, n));
       }
       if (!need_gcol) continue;
-      if (L.depthwise) {
-        at::Tensor dst = cols.view({n, g.taps(), g.in_channels});
-        at::mul_out(dst, go_nc, ops.w2.view({g.in_channels, g.taps()}).t().unsqueeze(0));
-      } else {
-        grad_columns(n, go[b].narrow(1, p0, n));
-      }
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
     }
   }
+  if (gw_tc.defined()) gw_t.view({g.in_channels, g.taps()}).copy_(gw_tc.t());
   gxc.flush();
 }
 
@@ -924,7 +1086,8 @@ BackwardOutputs deform_conv2d_backward_cpu(
   if (!want[0]) {
     grad_input = none();
   } else if (whole) {
-    grad_input = grad_input.permute({0, 3, 1, 2}).contiguous().to(dt);
+    const at::Tensor nhwc = grad_input.permute({0, 3, 1, 2});  // (batch, C, H, W), channels_last
+    grad_input = (ct == at::kDouble ? to_nchw<double>(nhwc) : to_nchw<float>(nhwc)).to(dt);
   }
   at::Tensor grad_offset = want[1] ? goff_t.to(dt) : none();
   at::Tensor grad_weight = none();
