@@ -249,16 +249,29 @@ C10_ALWAYS_INLINE void axpy(T* __restrict__ dst, const T* __restrict__ src, T w,
   for (; i < n; ++i) dst[i] += w * src[i];
 }
 
-// acc[k] += sum_i g[i] * p_k[i] for the four pixels p_0..p_3, in vector partial sums.
+// dst[i] += w g[i] v[i].
 template <typename T>
+C10_ALWAYS_INLINE void axpy_product(
+    T* __restrict__ dst, const T* __restrict__ g, const T* __restrict__ v, T w, int64_t n) {
+  using S = Simd<T>;
+  const typename S::V vw = S::splat(w);
+  int64_t i = 0;
+  for (; i + S::kLanes <= n; i += S::kLanes) S::store(dst + i, S::load(dst + i) + vw * (S::load(g + i) * S::load(v + i)));
+  for (; i < n; ++i) dst[i] += w * (g[i] * v[i]);
+}
+
+// acc[k] += sum_i g[i] * p_k[i] for the four pixels p_0..p_3, in vector partial sums; with
+// kScaled, g[i] * w[i] in place of g[i].
+template <typename T, bool kScaled = false>
 C10_ALWAYS_INLINE void dot4(
     const T* __restrict__ g, const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ c,
-    const T* __restrict__ d, int64_t n, T acc[4]) {
+    const T* __restrict__ d, int64_t n, T acc[4], const T* __restrict__ w = nullptr) {
   using S = Simd<T>;
   typename S::V s0 = S::splat(0), s1 = s0, s2 = s0, s3 = s0;
   int64_t i = 0;
   for (; i + S::kLanes <= n; i += S::kLanes) {
-    const typename S::V gv = S::load(g + i);
+    typename S::V gv = S::load(g + i);
+    if constexpr (kScaled) gv *= S::load(w + i);
     s0 += gv * S::load(a + i);
     s1 += gv * S::load(b + i);
     s2 += gv * S::load(c + i);
@@ -266,10 +279,11 @@ C10_ALWAYS_INLINE void dot4(
   }
   T t0 = S::sum(s0), t1 = S::sum(s1), t2 = S::sum(s2), t3 = S::sum(s3);
   for (; i < n; ++i) {
-    t0 += g[i] * a[i];
-    t1 += g[i] * b[i];
-    t2 += g[i] * c[i];
-    t3 += g[i] * d[i];
+    const T gi = kScaled ? g[i] * w[i] : g[i];
+    t0 += gi * a[i];
+    t1 += gi * b[i];
+    t2 += gi * c[i];
+    t3 += gi * d[i];
   }
   acc[0] += t0;
   acc[1] += t1;
@@ -403,24 +417,70 @@ C10_ALWAYS_INLINE void coord_grad_body(
   }
 }
 
-// Depthwise backward over rows r of columns col (rows, taps, C), channels [c0, c1): gw (taps,
-// C) += col[r] * go[r] where gw is given, then col[r] = go[r] * wt (taps, C), the grad columns,
-// in place where gcol. Per channel the rows add in order: the same result for any split of the
-// channels.
+// The depthwise backward, without columns: a grad column of tap k would be go * wt[k], go the
+// pixel's grad_out (C) and wt (taps, C) the weight. For output pixels p0 + [0, rows) and
+// channels [c0, c1): grad_x (height, width, C) += the bilinear scatter of those grad columns, and
+// gw (taps, C) += go * the bilinear sample of tap k, where gx or gw is given. Per channel, the
+// same order of additions for any split of the channels.
 template <typename T>
-C10_ALWAYS_INLINE void depthwise_grads_body(
-    T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C, int64_t c0, int64_t c1) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* __restrict__ g = go + r * C;
-    for (int64_t t = 0; t < taps; ++t) {
-      T* __restrict__ x = col + (r * taps + t) * C;
-      if (gw) {
-        T* __restrict__ a = gw + t * C;
-        for (int64_t c = c0; c < c1; ++c) a[c] += x[c] * g[c];
+C10_ALWAYS_INLINE void depthwise_backward_body(
+    const Image<T>& im, int64_t p0, int64_t rows, const T* go, const T* wt, int64_t c0, int64_t c1, T* gx, T* gw) {
+  const DeformConv2dGeometry& g = im.g;
+  const int64_t C = g.in_channels, cog = g.in_per_offset_group();
+  for (int64_t og = c0 / cog; og * cog < c1; ++og) {
+    const int64_t lo = std::max(c0, og * cog), n = std::min(c1, (og + 1) * cog) - lo;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
+      const T* gr = go + r * C + lo;
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, og * g.taps() + k, &m);
+          if (!t.inside) continue;
+          if (gw) {
+            weighted_sample4(
+                gw + k * C + lo, gr, im.pixel(t.idx[0]) + lo, im.pixel(t.idx[1]) + lo, im.pixel(t.idx[2]) + lo,
+                im.pixel(t.idx[3]) + lo, m * t.w[0], m * t.w[1], m * t.w[2], m * t.w[3], n);
+          }
+          if (!gx) continue;
+          for (int q = 0; q < 4; ++q) {
+            if (t.idx[q] >= 0) axpy_product(gx + t.idx[q] * C + lo, gr, wt + k * C + lo, m * t.w[q], n);
+          }
+        }
       }
-      if (gcol) {
-        const T* __restrict__ w = wt + t * C;
-        for (int64_t c = c0; c < c1; ++c) x[c] = g[c] * w[c];
+    }
+  }
+}
+
+// grad_offset and grad_mask of the depthwise backward (coord_grad's, with the grad columns
+// go * wt[k] formed as they are read), for output pixels p0 + [r0, r1).
+template <typename T>
+C10_ALWAYS_INLINE void depthwise_coord_grad_body(
+    const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, const T* go, const T* wt, T* goff, T* gmask) {
+  const DeformConv2dGeometry& g = im.g;
+  const int64_t C = g.in_channels, cog = g.in_per_offset_group(), P = g.out_pixels();
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t p = p0 + r, oy = p / g.out_w, ox = p - oy * g.out_w;
+    for (int64_t og = 0, c = 0; og < g.offset_groups; ++og, c += cog) {
+      for (int64_t i = 0, k = 0; i < g.kh; ++i) {
+        for (int64_t j = 0; j < g.kw; ++j, ++k) {
+          const int64_t ok = og * g.taps() + k;
+          T m;
+          const BilinearTap<T> t = im.tap(oy, ox, p, i, j, ok, &m);
+          T gy = 0, gxx = 0, gm = 0;
+          if (t.inside) {
+            T d[4] = {0, 0, 0, 0};
+            dot4<T, true>(
+                go + r * C + c, im.pixel(t.idx[0]) + c, im.pixel(t.idx[1]) + c, im.pixel(t.idx[2]) + c,
+                im.pixel(t.idx[3]) + c, cog, d, wt + k * C + c);
+            bilinear_tap_grads(t, d, m, &gy, &gxx, &gm);
+          }
+          if (goff) {
+            goff[(2 * ok) * P + p] = gy;
+            goff[(2 * ok + 1) * P + p] = gxx;
+          }
+          if (gmask) gmask[ok * P + p] = gm;
+        }
       }
     }
   }
@@ -441,9 +501,14 @@ void depthwise_base(const Image<T>& im, const T* wt, int64_t r0, int64_t r1, T* 
   depthwise_body(im, wt, r0, r1, out);
 }
 template <typename T>
-void depthwise_grads_base(
-    T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C, int64_t c0, int64_t c1) {
-  depthwise_grads_body(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
+void depthwise_backward_base(
+    const Image<T>& im, int64_t p0, int64_t rows, const T* go, const T* wt, int64_t c0, int64_t c1, T* gx, T* gw) {
+  depthwise_backward_body(im, p0, rows, go, wt, c0, c1, gx, gw);
+}
+template <typename T>
+void depthwise_coord_grad_base(
+    const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, const T* go, const T* wt, T* goff, T* gmask) {
+  depthwise_coord_grad_body(im, p0, r0, r1, go, wt, goff, gmask);
 }
 template <typename T>
 void coord_grad_base(
@@ -467,9 +532,14 @@ CUSTOMOPS_DC_TARGET_AVX2 void col2im_avx2(
   col2im_body(im, p0, rows, gcol, c0, c1, gx);
 }
 template <typename T>
-CUSTOMOPS_DC_TARGET_AVX2 void depthwise_grads_avx2(
-    T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C, int64_t c0, int64_t c1) {
-  depthwise_grads_body(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
+CUSTOMOPS_DC_TARGET_AVX2 void depthwise_backward_avx2(
+    const Image<T>& im, int64_t p0, int64_t rows, const T* go, const T* wt, int64_t c0, int64_t c1, T* gx, T* gw) {
+  depthwise_backward_body(im, p0, rows, go, wt, c0, c1, gx, gw);
+}
+template <typename T>
+CUSTOMOPS_DC_TARGET_AVX2 void depthwise_coord_grad_avx2(
+    const Image<T>& im, int64_t p0, int64_t r0, int64_t r1, const T* go, const T* wt, T* goff, T* gmask) {
+  depthwise_coord_grad_body(im, p0, r0, r1, go, wt, goff, gmask);
 }
 template <typename T>
 CUSTOMOPS_DC_TARGET_AVX2 void coord_grad_avx2(
@@ -522,17 +592,28 @@ void col2im(const Image<T>& im, int64_t p0, int64_t rows, const T* gcol, T* gx) 
   });
 }
 
-// Over blocks of a cache line's channels, each thread's own (col2im's reason).
+// Over blocks of a cache line's channels, as col2im.
 template <typename T>
-void depthwise_grads(T* col, const T* go, const T* wt, T* gw, bool gcol, int64_t rows, int64_t taps, int64_t C) {
-  const int64_t line = 64 / sizeof(T), blocks = (C + line - 1) / line;
-  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, rows * taps * std::min(C, line)));
+void depthwise_backward(const Image<T>& im, int64_t p0, int64_t rows, const T* go, const T* wt, T* gx, T* gw) {
+  const int64_t C = im.g.in_channels, line = 64 / sizeof(T), blocks = (C + line - 1) / line;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, rows * im.g.taps() * std::min(C, line)));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     const int64_t c0 = b0 * line, c1 = std::min(C, b1 * line);
 #if CUSTOMOPS_DC_AVX2
-    if (cpu_has_avx2()) return depthwise_grads_avx2(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
+    if (cpu_has_avx2()) return depthwise_backward_avx2(im, p0, rows, go, wt, c0, c1, gx, gw);
 #endif
-    depthwise_grads_base(col, go, wt, gw, gcol, rows, taps, C, c0, c1);
+    depthwise_backward_base(im, p0, rows, go, wt, c0, c1, gx, gw);
+  });
+}
+
+template <typename T>
+void depthwise_coord_grad(const Image<T>& im, int64_t p0, int64_t rows, const T* go, const T* wt, T* goff, T* gmask) {
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, ColumnLayout(im.g).row));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+#if CUSTOMOPS_DC_AVX2
+    if (cpu_has_avx2()) return depthwise_coord_grad_avx2(im, p0, r0, r1, go, wt, goff, gmask);
+#endif
+    depthwise_coord_grad_base(im, p0, r0, r1, go, wt, goff, gmask);
   });
 }
 
@@ -1019,26 +1100,24 @@ void backward_impl(
       const int64_t n = std::min(chunk, P - p0);
       const bool first = b == 0 && p0 == 0;
       if (L.depthwise) {
-        // Columns (n, taps, C); grad_out's chunk copied to (n, C), channels contiguous (read in
-        // place at NCHW's channel stride, 1x256x32x32's backward took 20.5 ms instead of 14.5).
+        // grad_out's chunk as (n, C), channels contiguous (read in place at NCHW's channel
+        // stride, 1x256x32x32's backward took 20.5 ms instead of 14.5).
         at::Tensor go_nc = at::empty({1, n, g.in_channels}, ops.opts);
         copy_transposed<T>(go_nc, go.narrow(0, b, 1).narrow(2, p0, n).transpose(1, 2));
-        if (want[2]) {
-          im2col(im, runs, p0, n, col.data_ptr<T>());
-          gw_part.zero_();
-        }
-        depthwise_grads(
-            col.data_ptr<T>(), go_nc.const_data_ptr<T>(), need_gcol ? wt.const_data_ptr<T>() : nullptr,
-            want[2] ? gw_part.data_ptr<T>() : nullptr, need_gcol, n, g.taps(), g.in_channels);
+        const T* gop = go_nc.const_data_ptr<T>();
+        const T* wtp = need_gcol ? wt.const_data_ptr<T>() : nullptr;
+        if (want[2]) gw_part.zero_();
+        if (gx || want[2]) depthwise_backward(im, p0, n, gop, wtp, gx, want[2] ? gw_part.data_ptr<T>() : nullptr);
+        if (goff || gmask) depthwise_coord_grad(im, p0, n, gop, wtp, goff, gmask);
         if (want[2]) first ? gw_tc.copy_(gw_part) : gw_tc.add_(gw_part);
-      } else {
-        if (want[2]) {
-          im2col(im, runs, p0, n, col.data_ptr<T>());
-          accumulate_gw(n, go[b].narrow(1, p0, n), first);
-        }
-        if (need_gcol) grad_columns(n, go[b].narrow(1, p0, n));
+        continue;
+      }
+      if (want[2]) {
+        im2col(im, runs, p0, n, col.data_ptr<T>());
+        accumulate_gw(n, go[b].narrow(1, p0, n), first);
       }
       if (!need_gcol) continue;
+      grad_columns(n, go[b].narrow(1, p0, n));
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
     }
