@@ -407,10 +407,12 @@ def test_backward_outputs_own_their_memory(name, dtype, device):
 
 # One image: col2im over blocks of 16 channels (40: two threads). Three small images in one
 # chunk: on 1 thread an image per task (grads_by_image), on 2 threads col2im, image by image.
-@pytest.mark.parametrize("B, H", [(1, 20), (3, 10)])
-def test_backward_is_the_same_for_any_number_of_threads(B, H):
-    kw = _inputs(B=B, C=40, H=H, W=H, C_out=8, groups=1, og=2, dtype=torch.float32)
-    grad_out = torch.randn(B, 8, H, H)
+# Depthwise: grad_input and grad_weight over blocks of channels, without columns.
+@pytest.mark.parametrize("B, H, groups", [(1, 20, 1), (3, 10, 1), (2, 20, 40)])
+def test_backward_is_the_same_for_any_number_of_threads(B, H, groups):
+    C_out = 8 if groups == 1 else 40
+    kw = _inputs(B=B, C=40, H=H, W=H, C_out=C_out, groups=groups, og=2, dtype=torch.float32)
+    grad_out = torch.randn(B, C_out, H, H)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -419,7 +421,8 @@ def test_backward_is_the_same_for_any_number_of_threads(B, H):
         two = _backward(kw, grad_out, [True] * 5)
     finally:
         torch.set_num_threads(threads)
-    for i in (0, 1, 4):  # input (col2im: each thread owns its channels), offset and mask
+    # input (col2im: each thread owns its channels), offset and mask; depthwise, weight too
+    for i in (0, 1, 4) if groups == 1 else (0, 1, 2, 4):
         torch.testing.assert_close(one[i], two[i], atol=0, rtol=0)
 
 
