@@ -256,7 +256,8 @@ C10_ALWAYS_INLINE void axpy_product(
   using S = Simd<T>;
   const typename S::V vw = S::splat(w);
   int64_t i = 0;
-  for (; i + S::kLanes <= n; i += S::kLanes) S::store(dst + i, S::load(dst + i) + vw * (S::load(g + i) * S::load(v + i)));
+  for (; i + S::kLanes <= n; i += S::kLanes)
+    S::store(dst + i, S::load(dst + i) + vw * (S::load(g + i) * S::load(v + i)));
   for (; i < n; ++i) dst[i] += w * (g[i] * v[i]);
 }
 
@@ -993,8 +994,7 @@ struct GradInput {
 
   void flush(const ImageRange& r) {
     if (!whole && out.defined() && r.nb > 0)
-      copy_transposed<T>(
-          out.narrow(0, r.b0, r.nb).flatten(2), acc.narrow(0, 0, r.nb).flatten(1, 2).transpose(1, 2));
+      copy_transposed<T>(out.narrow(0, r.b0, r.nb).flatten(2), acc.narrow(0, 0, r.nb).flatten(1, 2).transpose(1, 2));
   }
   void flush() {
     flush(held);
