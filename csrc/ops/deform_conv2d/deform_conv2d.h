@@ -28,10 +28,21 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "../common/checks.h"
 
 namespace customops {
+
+// A test hook's setting, read per call: 1 where the variable `name` is `on`, -1 where it is
+// `off`, 0 where it is unset or anything else.
+inline int env_override(const char* name, const char* on, const char* off) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  if (std::strcmp(v, on) == 0) return 1;
+  return std::strcmp(v, off) == 0 ? -1 : 0;
+}
 
 // Sizes of one call, after the checks.
 struct DeformConv2dGeometry {

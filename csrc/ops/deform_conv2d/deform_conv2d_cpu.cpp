@@ -24,6 +24,7 @@
 // second is chosen at run time where the CPU has it: the library is built with generic
 // flags, and these loops are most of the time that the GEMMs do not take.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -171,6 +172,51 @@ void reorder_columns(
   } else {
     dst.view({n, G, K, C}).copy_(src.view({n, G, C, K}).transpose(2, 3));
   }
+}
+
+// The GEMMs of layers with columns run as BLAS's (at::mm) or as oneDNN's: a 1x1 convolution
+// (at::conv2d, groups as the layer's) over the rows seen as a channels-last (1, k, m, 1) image,
+// whose output is again rows. torch's BLAS is MKL, which picks its fast kernels by CPU vendor:
+// on the AMD EPYC here (2 threads, 2026-12-07) its sgemm ran these products at 0.16 to 0.21
+// TFLOP/s, oneDNN's convolution at 0.23 to 0.39 (4096 x 576 x 64: 1.51 against 0.65 ms; the
+// weight gradient 1.87 against 0.84), and below about 16 MFLOP the convolution's fixed cost
+// makes it lose (64 x 144 x 32: 13 against 10 us; docs/deform_conv2d.md). Intel CPUs keep BLAS.
+// Test hook: CUSTOMOPS_TEST_DEFORM_CPU_GEMM=onednn or =blas, read per call.
+bool onednn_gemm(int64_t flops, bool is_float) {
+  if (!is_float || !at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+  const int forced = env_override("CUSTOMOPS_TEST_DEFORM_CPU_GEMM", "onednn", "blas");
+  if (forced != 0) return forced > 0;
+#if CUSTOMOPS_DC_AVX2
+  static const bool intel = __builtin_cpu_is("intel");
+  return !intel && flops >= (int64_t{16} << 20);
+#else
+  return false;
+#endif
+}
+
+// rows (m, k), row-major, as the (1, k, m, 1) channels-last image that a 1x1 convolution reads.
+at::Tensor rows_as_image(const at::Tensor& rows) {
+  return rows.view({1, rows.size(0), 1, rows.size(1)}).permute({0, 3, 1, 2});
+}
+
+// Rows (m, groups * n): each group's (m, k) slice of rows (m, groups * k) times w's (n, k) rows
+// of that group transposed; w (groups * n, k).
+at::Tensor rows_times_weight(const at::Tensor& rows, const at::Tensor& w, int64_t groups) {
+  const at::Tensor y = at::conv2d(
+      rows_as_image(rows), w.view({w.size(0), w.size(1), 1, 1}), c10::optional<at::Tensor>(), at::IntArrayRef{1},
+      at::IntArrayRef{0}, at::IntArrayRef{1}, groups);
+  return y.permute({0, 2, 3, 1}).reshape({rows.size(0), w.size(0)});
+}
+
+// (groups * n, k): per group, go's (m, n) slice transposed times rows' (m, k) slice; go (m,
+// groups * n), rows (m, groups * k).
+at::Tensor weight_grad_of_rows(const at::Tensor& go, const at::Tensor& rows, int64_t groups) {
+  const int64_t n = go.size(1), k = rows.size(1) / groups;
+  const at::Tensor w = at::empty({n, k, 1, 1}, rows.options());  // its sizes only
+  return std::get<1>(at::convolution_backward(
+                         rows_as_image(go), rows_as_image(rows), w, c10::nullopt, {1, 1}, {0, 0}, {1, 1}, false,
+                         {0, 0}, groups, {false, true, false}))
+      .view({n, k});
 }
 
 inline std::vector<std::vector<Run>> runs_by_offset_group(const DeformConv2dGeometry& g) {
@@ -892,6 +938,15 @@ at::Tensor forward_impl(
       return colw.narrow(0, 0, n);
     };
     const Runs runs = runs_by_offset_group(g);
+    // oneDNN's GEMM of n rows of columns into dst, (images, out_channels, n) of out3; false
+    // (nothing done) where BLAS's is to run (onednn_gemm).
+    const bool is_float = std::is_same_v<T, float>;
+    const auto onednn_into_out = [&](const at::Tensor& cols, const at::Tensor& dst) {
+      if (!onednn_gemm(2 * cols.size(0) * g.out_channels * L.per_group, is_float)) return false;
+      const at::Tensor y = rows_times_weight(cols, ops.w2.view({g.out_channels, L.per_group}), g.groups);
+      copy_transposed<T>(dst, y.view({dst.size(0), dst.size(2), g.out_channels}).transpose(1, 2));
+      return true;
+    };
     if (images > 0) {
       // Images below kMinGemmPixels: one GEMM per group over all the chunk's rows, into a
       // rows-major (pixels, out_channels / groups) buffer copied into the output (2 threads,
@@ -905,6 +960,7 @@ at::Tensor forward_impl(
         ops.stage(b0, nb);
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
         const at::Tensor cols = gemm_cols(nb * P);
+        if (onednn_into_out(cols, out3.narrow(0, b0, nb))) continue;
         if (P >= kMinGemmPixels) {
           at::Tensor dst = out3.narrow(0, b0, nb);
           at::bmm_out(
@@ -928,6 +984,7 @@ at::Tensor forward_impl(
           const int64_t n = std::min(chunk, g.out_pixels() - p0);
           im2col(im, runs, p0, n, col.data_ptr<T>());
           const at::Tensor cols = gemm_cols(n);
+          if (onednn_into_out(cols, out3.narrow(0, b, 1).narrow(2, p0, n))) continue;
           for (int64_t gc = 0; gc < g.groups; ++gc) {
             at::Tensor dst = out3[b].narrow(0, gc * g.out_per_group(), g.out_per_group()).narrow(1, p0, n);
             at::mm_out(dst, ops.w2[gc], cols.narrow(1, gc * L.per_group, L.per_group).t());
@@ -1026,10 +1083,26 @@ void backward_impl(
   at::Tensor col = at::empty({chunk, L.row}, ops.opts);
   const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
   const Runs runs = runs_by_offset_group(g);
+  // oneDNN's GEMMs (onednn_gemm) take grad_out's chunk as rows (pixels, out_channels), go_t;
+  // BLAS's as go_rows (out_channels, pixels).
+  const auto use_onednn = [&](int64_t n) {
+    return onednn_gemm(2 * n * g.out_channels * L.per_group, std::is_same_v<T, float>);
+  };
+  const auto go_as_rows = [&](int64_t b0, int64_t nb, int64_t p0, int64_t n) {
+    at::Tensor t = at::empty({nb * n, g.out_channels}, ops.opts);
+    copy_transposed<T>(t.view({nb, n, g.out_channels}), go.narrow(0, b0, nb).narrow(2, p0, n).transpose(1, 2));
+    return t;
+  };
+  at::Tensor w2t;  // oneDNN's weight for the grad columns: (groups * kh * kw * in / groups, out / groups)
   // grad_weight (not zero-filled): the first chunk's GEMMs write it, the others add to it.
-  const auto accumulate_gw = [&](int64_t n, const at::Tensor& go_rows, bool first) {
+  const auto accumulate_gw = [&](int64_t n, const at::Tensor& go_rows, const at::Tensor& go_t, bool first) {
     if (weight_order) reorder_columns(col.narrow(0, 0, n), colw.narrow(0, 0, n), g, true);
     const at::Tensor cols = colw.narrow(0, 0, n);
+    if (go_t.defined()) {
+      const at::Tensor part = weight_grad_of_rows(go_t, cols, g.groups).view(gw_t.sizes());
+      first ? gw_t.copy_(part) : gw_t.add_(part);
+      return;
+    }
     for (int64_t gc = 0; gc < g.groups; ++gc) {
       const at::Tensor go_g = go_rows.narrow(0, gc * g.out_per_group(), g.out_per_group());
       const at::Tensor cols_g = cols.narrow(1, gc * L.per_group, L.per_group);
@@ -1042,10 +1115,15 @@ void backward_impl(
     }
   };
   // The grad columns (columns' order, in col) of n rows: grad_out's rows x the weight.
-  const auto grad_columns = [&](int64_t n, const at::Tensor& go_rows) {
-    for (int64_t gc = 0; gc < g.groups; ++gc) {
-      at::Tensor dst = colw.narrow(0, 0, n).narrow(1, gc * L.per_group, L.per_group);
-      at::mm_out(dst, go_rows.narrow(0, gc * g.out_per_group(), g.out_per_group()).t(), ops.w2[gc]);
+  const auto grad_columns = [&](int64_t n, const at::Tensor& go_rows, const at::Tensor& go_t) {
+    if (go_t.defined()) {
+      if (!w2t.defined()) w2t = ops.w2.transpose(1, 2).contiguous().view({L.row, g.out_per_group()});
+      colw.narrow(0, 0, n).copy_(rows_times_weight(go_t, w2t, g.groups));
+    } else {
+      for (int64_t gc = 0; gc < g.groups; ++gc) {
+        at::Tensor dst = colw.narrow(0, 0, n).narrow(1, gc * L.per_group, L.per_group);
+        at::mm_out(dst, go_rows.narrow(0, gc * g.out_per_group(), g.out_per_group()).t(), ops.w2[gc]);
+      }
     }
     if (weight_order) reorder_columns(colw.narrow(0, 0, n), col.narrow(0, 0, n), g, false);
   };
@@ -1056,13 +1134,14 @@ void backward_impl(
       const int64_t nb = std::min(images, g.batch - b0);
       ops.stage(b0, nb);
       at::Tensor gor = go_rows.narrow(1, 0, nb * P);
-      gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
+      const at::Tensor go_t = use_onednn(nb * P) ? go_as_rows(b0, nb, 0, P) : at::Tensor();
+      if (!go_t.defined()) gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
       if (want[2]) {
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
-        accumulate_gw(nb * P, gor, b0 == 0);
+        accumulate_gw(nb * P, gor, go_t, b0 == 0);
       }
       if (!need_gcol) continue;
-      grad_columns(nb * P, gor);
+      grad_columns(nb * P, gor, go_t);
       T* gx = gxc.at(b0, nb);
       if (!grads_by_image(
               ops, runs, b0, nb, col.const_data_ptr<T>(), gx, want[1] ? goff_t.data_ptr<T>() : nullptr,
@@ -1112,12 +1191,13 @@ void backward_impl(
         if (want[2]) first ? gw_tc.copy_(gw_part) : gw_tc.add_(gw_part);
         continue;
       }
+      const at::Tensor go_t = use_onednn(n) ? go_as_rows(b, 1, p0, n) : at::Tensor();
       if (want[2]) {
         im2col(im, runs, p0, n, col.data_ptr<T>());
-        accumulate_gw(n, go[b].narrow(1, p0, n), first);
+        accumulate_gw(n, go[b].narrow(1, p0, n), go_t, first);
       }
       if (!need_gcol) continue;
-      grad_columns(n, go[b].narrow(1, p0, n));
+      grad_columns(n, go[b].narrow(1, p0, n), go_t);
       if (gx) col2im(im, p0, n, col.const_data_ptr<T>(), gx);
       if (goff || gmask) coord_grad(im, runs, p0, n, col.const_data_ptr<T>(), goff, gmask);
     }

@@ -1658,15 +1658,6 @@ at::Tensor depthwise_taps_weight(const at::Tensor& w) {
   return cuda::is_aligned(wt.const_data_ptr(), 16) ? wt : wt.clone();
 }
 
-// A test hook's setting, read per call: 1 where the variable `name` is `on`, -1 where it is
-// `off`, 0 where it is unset or anything else.
-int env_override(const char* name, const char* on, const char* off) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return 0;
-  if (std::strcmp(v, on) == 0) return 1;
-  return std::strcmp(v, off) == 0 ? -1 : 0;
-}
-
 // Test hook: CUSTOMOPS_TEST_DEPTHWISE_DIRECT=1, read per call, sends the depthwise forward to
 // the direct kernel, the tiled kernel's fallback, so that tests (and benchmarks/ab_deform_conv2d.py)
 // reach it at any shape.
