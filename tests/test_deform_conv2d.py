@@ -355,8 +355,12 @@ CPU_CHUNK_CONFIGS = {
 }
 
 
+# Both GEMMs of the columns (onednn_gemm: BLAS, or oneDNN's 1x1 convolution over channels-last
+# views of the rows), whichever this CPU's vendor gets by default.
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
 @pytest.mark.parametrize("name", list(CPU_CHUNK_CONFIGS))
-def test_cpu_chunks_forward_and_gradients(name):
+def test_cpu_chunks_forward_and_gradients(name, gemm, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_CPU_GEMM", gemm)
     kw = _inputs(**CPU_CHUNK_CONFIGS[name], dtype=torch.float32)
     leaves = {k: v.requires_grad_() for k, v in kw.items() if isinstance(v, torch.Tensor)}
     ref_in = {k: (v.detach().double().requires_grad_() if k in leaves else v) for k, v in kw.items()}
