@@ -312,7 +312,8 @@ def dtype_name(dtype):
 
 def ceilings(device, measure, dtypes):
     """The device's measured ceilings (docs/deform_conv2d.md, "Benchmarks"): the GEMM rate per
-    dtype in TFLOP/s (a large matrix product through torch's library: cuBLAS, or the CPU's BLAS),
+    dtype in TFLOP/s (a large matrix product through torch's libraries: cuBLAS, or on the CPU the
+    faster of its BLAS and oneDNN),
     which float32's rate (IEEE) also bounds the bilinear gathers by, and the copy bandwidth in
     TB/s (reads plus writes)."""
     from common import copy_tbs, matmul_tflops

@@ -10,16 +10,22 @@ def do_bench(fn, rep=100) -> float:
 
 
 def matmul_tflops(measure, dtype, device="cuda", n=8192, tf32=False) -> float:
-    """Measured rate of an n x n x n matrix product through torch's library (cuBLAS, or the
-    CPU's BLAS), in TFLOP/s: the ceiling of a GEMM in that dtype (float32: IEEE, or TF32 where
-    tf32). measure(fn) returns microseconds."""
+    """Measured rate of an n x n x n matrix product through torch's libraries, in TFLOP/s: the
+    ceiling of a GEMM in that dtype (float32: IEEE, or TF32 where tf32). CUDA: cuBLAS. CPU: the
+    faster of the BLAS (at::mm) and oneDNN (the same product as a 1x1 convolution over a
+    channels-last view; on AMD CPUs MKL's BLAS runs at about half oneDNN's rate, and
+    deform_conv2d's CPU GEMMs take oneDNN's there). measure(fn) returns microseconds."""
     import torch
 
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    fns = [lambda: a @ b]
+    if device == "cpu" and torch.backends.mkldnn.is_available() and dtype == torch.float32:
+        image, weight = a.view(1, n, 1, n).permute(0, 3, 1, 2), b.t().contiguous().view(n, n, 1, 1)
+        fns.append(lambda: torch.nn.functional.conv2d(image, weight))
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        return 2 * n**3 / (measure(lambda: a @ b) * 1e-6) / 1e12
+        return max(2 * n**3 / (measure(fn) * 1e-6) / 1e12 for fn in fns)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 

@@ -6,16 +6,16 @@
 // over its offset group's channels, with the bilinear weights computed once per (pixel, offset
 // group, tap) rather than once per channel. Per image and per chunk of output pixels (a column
 // buffer of chunk x in_channels * kh * kw values, column_chunk_pixels):
-//   forward: im2col (parallel over pixels), then one GEMM per group, written straight
-//     into the output (at::mm_out, BLAS); images smaller than a chunk go several to a chunk,
-//     with one GEMM over all their rows; depthwise: direct, a vector loop over channels per
-//     (pixel, tap), no columns.
+//   forward: im2col (parallel over pixels), then the GEMMs (onednn_gemm: oneDNN's, or one per
+//     group by BLAS written straight into the output); images smaller than a chunk go several
+//     to a chunk, with one GEMM over all their rows; depthwise: direct, a vector loop over
+//     channels per (pixel, tap), no columns.
 //   backward: the columns again and grad_weight += grad_out x columns (GEMM); grad columns
 //     = grad_out^T x weight (GEMM) over the same buffer; grad_input by col2im, parallel
 //     over input channels (each thread owns its channels: no races, and the same result
 //     for any number of threads); grad_offset and grad_mask from dot products of the grad
 //     columns with the four pixels (parallel over pixels). Chunks of many small images: both
-//     an image per task (grads_by_image).
+//     an image per task (grads_by_image). Depthwise: no columns (depthwise_backward).
 // 16-bit inputs are converted to float32 once and computed in float32 (GEMMs included);
 // float64 computes in float64. The output is in deform_conv2d_output_format (the input's
 // suggested memory format), the gradients contiguous.
@@ -214,8 +214,8 @@ at::Tensor weight_grad_of_rows(const at::Tensor& go, const at::Tensor& rows, int
   const int64_t n = go.size(1), k = rows.size(1) / groups;
   const at::Tensor w = at::empty({n, k, 1, 1}, rows.options());  // its sizes only
   return std::get<1>(at::convolution_backward(
-                         rows_as_image(go), rows_as_image(rows), w, c10::nullopt, {1, 1}, {0, 0}, {1, 1}, false,
-                         {0, 0}, groups, {false, true, false}))
+                         rows_as_image(go), rows_as_image(rows), w, c10::nullopt, {1, 1}, {0, 0}, {1, 1}, false, {0, 0},
+                         groups, {false, true, false}))
       .view({n, k});
 }
 
