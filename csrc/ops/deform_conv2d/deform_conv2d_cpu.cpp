@@ -175,24 +175,34 @@ void reorder_columns(
 }
 
 // The GEMMs of layers with columns run as BLAS's (at::mm) or as oneDNN's: a 1x1 convolution
-// (at::conv2d, groups as the layer's) over the rows seen as a channels-last (1, k, m, 1) image,
-// whose output is again rows. torch's BLAS is MKL, which picks its fast kernels by CPU vendor:
-// on the AMD EPYC here (2 threads, 2026-12-07) its sgemm ran these products at 0.16 to 0.21
-// TFLOP/s, oneDNN's convolution at 0.23 to 0.39 (4096 x 576 x 64: 1.51 against 0.65 ms; the
-// weight gradient 1.87 against 0.84), and below about 16 MFLOP the convolution's fixed cost
-// makes it lose (64 x 144 x 32: 13 against 10 us; docs/deform_conv2d.md). Intel CPUs keep BLAS.
+// (groups as the layer's) over the rows seen as a channels-last (1, k, m, 1) image, whose output
+// is again rows. torch's BLAS is MKL, which picks its fast kernels by CPU vendor: on the AMD EPYC
+// here (2 threads, 2026-12-07) its sgemm ran these products at 0.20 to 0.21 TFLOP/s, oneDNN's
+// convolution at 0.24 to 0.48 (4096 x 576 x 64: 1.52 against 0.63 ms). oneDNN is taken for
+// products of m rows from kOnednnMinRows and 16 MFLOP: below, the convolution's fixed cost
+// made it lose (64 x 144 x 32: 12 against 7 us), and a weight-heavy layer of few pixels (1x512x7x7
+// -> 512, 49 rows) read anywhere from 0.6x to 1.2x BLAS's speed forward + backward, the
+// convolutions handling a 9 MB weight per call; the weight gradient from kOnednnWeightGradRows
+// (docs/deform_conv2d.md). Intel CPUs keep BLAS.
 // Test hook: CUSTOMOPS_TEST_DEFORM_CPU_GEMM=onednn or =blas, read per call.
-bool onednn_gemm(int64_t flops, bool is_float) {
+constexpr int64_t kOnednnMinRows = 256;
+
+bool onednn_gemm(int64_t rows, int64_t flops, bool is_float) {
   if (!is_float || !at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
   const int forced = env_override("CUSTOMOPS_TEST_DEFORM_CPU_GEMM", "onednn", "blas");
   if (forced != 0) return forced > 0;
 #if CUSTOMOPS_DC_AVX2
   static const bool intel = __builtin_cpu_is("intel");
-  return !intel && flops >= (int64_t{16} << 20);
+  return !intel && rows >= kOnednnMinRows && flops >= (int64_t{16} << 20);
 #else
   return false;
 #endif
 }
+
+// oneDNN's weight gradient sums over the rows, and over fewer than this many it lost at some
+// sizes (2 threads: 49 x 4608 x 512 rows x k x n, 6.42 against BLAS's 1.16 ms; 512 x 12544 x 256
+// 0.75x BLAS's speed); from 1024 it won at every size tried (1.47 to 2.04x; docs/deform_conv2d.md).
+constexpr int64_t kOnednnWeightGradRows = 1024;
 
 // rows (m, k), row-major, as the (1, k, m, 1) channels-last image that a 1x1 convolution reads.
 at::Tensor rows_as_image(const at::Tensor& rows) {
@@ -206,6 +216,19 @@ at::Tensor rows_times_weight(const at::Tensor& rows, const at::Tensor& w, int64_
       rows_as_image(rows), w.view({w.size(0), w.size(1), 1, 1}), c10::optional<at::Tensor>(), at::IntArrayRef{1},
       at::IntArrayRef{0}, at::IntArrayRef{1}, groups);
   return y.permute({0, 2, 3, 1}).reshape({rows.size(0), w.size(0)});
+}
+
+// Rows (m, groups * k): per group, go's (m, n) slice times w's (n, k) rows of that group; w
+// (groups * n, k). The convolution's input gradient, which reads w as it is (the forward's
+// convolution would need w transposed: torch's copy of a 4608 x 512 one took 1.4 ms, more than
+// the product of 49 rows).
+at::Tensor rows_times_weight_t(const at::Tensor& go, const at::Tensor& w, int64_t groups) {
+  const int64_t m = go.size(0), k = w.size(1) * groups;
+  const at::Tensor input = at::empty({1, k, m, 1}, go.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const at::Tensor y = std::get<0>(at::convolution_backward(
+      rows_as_image(go), input, w.view({w.size(0), w.size(1), 1, 1}), c10::nullopt, {1, 1}, {0, 0}, {1, 1}, false,
+      {0, 0}, groups, {true, false, false}));
+  return y.permute({0, 2, 3, 1}).reshape({m, k});
 }
 
 // (groups * n, k): per group, go's (m, n) slice transposed times rows' (m, k) slice; go (m,
@@ -942,7 +965,7 @@ at::Tensor forward_impl(
     // (nothing done) where BLAS's is to run (onednn_gemm).
     const bool is_float = std::is_same_v<T, float>;
     const auto onednn_into_out = [&](const at::Tensor& cols, const at::Tensor& dst) {
-      if (!onednn_gemm(2 * cols.size(0) * g.out_channels * L.per_group, is_float)) return false;
+      if (!onednn_gemm(cols.size(0), 2 * cols.size(0) * g.out_channels * L.per_group, is_float)) return false;
       const at::Tensor y = rows_times_weight(cols, ops.w2.view({g.out_channels, L.per_group}), g.groups);
       copy_transposed<T>(dst, y.view({dst.size(0), dst.size(2), g.out_channels}).transpose(1, 2));
       return true;
@@ -1083,22 +1106,22 @@ void backward_impl(
   at::Tensor col = at::empty({chunk, L.row}, ops.opts);
   const at::Tensor colw = weight_order ? at::empty_like(col) : col;  // the GEMMs' columns
   const Runs runs = runs_by_offset_group(g);
-  // oneDNN's GEMMs (onednn_gemm) take grad_out's chunk as rows (pixels, out_channels), go_t;
-  // BLAS's as go_rows (out_channels, pixels).
+  // oneDNN's GEMMs (onednn_gemm; the weight gradient from kOnednnWeightGradRows rows) take
+  // grad_out's chunk as rows (pixels, out_channels), go_t; BLAS's as go_rows (out_channels,
+  // pixels).
   const auto use_onednn = [&](int64_t n) {
-    return onednn_gemm(2 * n * g.out_channels * L.per_group, std::is_same_v<T, float>);
+    return onednn_gemm(n, 2 * n * g.out_channels * L.per_group, std::is_same_v<T, float>);
   };
   const auto go_as_rows = [&](int64_t b0, int64_t nb, int64_t p0, int64_t n) {
     at::Tensor t = at::empty({nb * n, g.out_channels}, ops.opts);
     copy_transposed<T>(t.view({nb, n, g.out_channels}), go.narrow(0, b0, nb).narrow(2, p0, n).transpose(1, 2));
     return t;
   };
-  at::Tensor w2t;  // oneDNN's weight for the grad columns: (groups * kh * kw * in / groups, out / groups)
   // grad_weight (not zero-filled): the first chunk's GEMMs write it, the others add to it.
   const auto accumulate_gw = [&](int64_t n, const at::Tensor& go_rows, const at::Tensor& go_t, bool first) {
     if (weight_order) reorder_columns(col.narrow(0, 0, n), colw.narrow(0, 0, n), g, true);
     const at::Tensor cols = colw.narrow(0, 0, n);
-    if (go_t.defined()) {
+    if (go_t.defined() && n >= kOnednnWeightGradRows) {
       const at::Tensor part = weight_grad_of_rows(go_t, cols, g.groups).view(gw_t.sizes());
       first ? gw_t.copy_(part) : gw_t.add_(part);
       return;
@@ -1117,8 +1140,7 @@ void backward_impl(
   // The grad columns (columns' order, in col) of n rows: grad_out's rows x the weight.
   const auto grad_columns = [&](int64_t n, const at::Tensor& go_rows, const at::Tensor& go_t) {
     if (go_t.defined()) {
-      if (!w2t.defined()) w2t = ops.w2.transpose(1, 2).contiguous().view({L.row, g.out_per_group()});
-      colw.narrow(0, 0, n).copy_(rows_times_weight(go_t, w2t, g.groups));
+      colw.narrow(0, 0, n).copy_(rows_times_weight_t(go_t, ops.w2.view({g.out_channels, L.per_group}), g.groups));
     } else {
       for (int64_t gc = 0; gc < g.groups; ++gc) {
         at::Tensor dst = colw.narrow(0, 0, n).narrow(1, gc * L.per_group, L.per_group);
@@ -1135,7 +1157,9 @@ void backward_impl(
       ops.stage(b0, nb);
       at::Tensor gor = go_rows.narrow(1, 0, nb * P);
       const at::Tensor go_t = use_onednn(nb * P) ? go_as_rows(b0, nb, 0, P) : at::Tensor();
-      if (!go_t.defined()) gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
+      if (!go_t.defined() || (want[2] && nb * P < kOnednnWeightGradRows)) {
+        gor.view({g.out_channels, nb, P}).copy_(go.narrow(0, b0, nb).transpose(0, 1));
+      }
       if (want[2]) {
         im2col_images(ops, runs, b0, nb, col.data_ptr<T>());
         accumulate_gw(nb * P, gor, go_t, b0 == 0);
