@@ -177,10 +177,10 @@ void reorder_columns(
 // The GEMMs of layers with columns run as BLAS's (at::mm) or as oneDNN's: a 1x1 convolution
 // (groups as the layer's) over the rows seen as a channels-last (1, k, m, 1) image, whose output
 // is again rows. torch's BLAS is MKL, which picks its fast kernels by CPU vendor: on the AMD EPYC
-// here (2 threads, 2026-12-07) its sgemm ran these products at 0.20 to 0.21 TFLOP/s, oneDNN's
-// convolution at 0.24 to 0.48 (4096 x 576 x 64: 1.52 against 0.63 ms). oneDNN is taken for
+// here (2 threads, 2026-12-07) its sgemm ran these products at 0.16 to 0.21 TFLOP/s, oneDNN's
+// convolution at 0.20 to 0.47 (4096 x 576 x 64: 1.49 against 0.66 ms). oneDNN is taken for
 // products of m rows from kOnednnMinRows and 16 MFLOP: below, the convolution's fixed cost
-// made it lose (64 x 144 x 32: 12 against 7 us), and a weight-heavy layer of few pixels (1x512x7x7
+// made it lose (64 x 144 x 32: 12 against 10 us), and a weight-heavy layer of few pixels (1x512x7x7
 // -> 512, 49 rows) read anywhere from 0.6x to 1.2x BLAS's speed forward + backward, the
 // convolutions handling a 9 MB weight per call; the weight gradient from kOnednnWeightGradRows
 // (docs/deform_conv2d.md). Intel CPUs keep BLAS.
@@ -200,8 +200,9 @@ bool onednn_gemm(int64_t rows, int64_t flops, bool is_float) {
 }
 
 // oneDNN's weight gradient sums over the rows, and over fewer than this many it lost at some
-// sizes (2 threads: 49 x 4608 x 512 rows x k x n, 6.42 against BLAS's 1.16 ms; 512 x 12544 x 256
-// 0.75x BLAS's speed); from 1024 it won at every size tried (1.47 to 2.04x; docs/deform_conv2d.md).
+// sizes, erratically (2 threads, rows x k x n: 256 x 25088 x 256 39.2 against BLAS's 19.1 ms; 49 x
+// 4608 x 512 6.4 against 1.2 ms in one run, 1.1 against 1.4 in another); from 1024 it won at
+// every size tried (1.5 to 2.2x; docs/deform_conv2d.md).
 constexpr int64_t kOnednnWeightGradRows = 1024;
 
 // rows (m, k), row-major, as the (1, k, m, 1) channels-last image that a 1x1 convolution reads.
