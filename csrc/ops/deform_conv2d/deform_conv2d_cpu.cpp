@@ -179,21 +179,27 @@ void reorder_columns(
 // is again rows. torch's BLAS is MKL, which picks its fast kernels by CPU vendor: on the AMD EPYC
 // here (2 threads, 2026-12-07) its sgemm ran these products at 0.16 to 0.21 TFLOP/s, oneDNN's
 // convolution at 0.20 to 0.47 (4096 x 576 x 64: 1.49 against 0.66 ms). oneDNN is taken for
-// products of m rows from kOnednnMinRows and 16 MFLOP: below, the convolution's fixed cost
-// made it lose (64 x 144 x 32: 12 against 10 us), and a weight-heavy layer of few pixels (1x512x7x7
-// -> 512, 49 rows) read anywhere from 0.6x to 1.2x BLAS's speed forward + backward, the
-// convolutions handling a 9 MB weight per call; the weight gradient from kOnednnWeightGradRows
-// (docs/deform_conv2d.md). Intel CPUs keep BLAS.
+// products of m rows from kOnednnMinRows and 16 MFLOP, of a weight up to kOnednnMaxWeightBytes:
+// below 16 MFLOP, the convolution's fixed cost made it lose (64 x 144 x 32: 12 against 10 us);
+// below 256 rows it lost at some weights (1x1024x7x7 -> 1024 1x1, 49 rows: 0.66x) and won at
+// others; and the convolution copies the weight into its own layout on every call, which for
+// weights larger than this machine's last-level cache (32 MiB) cost more than its faster GEMM
+// saved (forwards at 256 rows, BLAS / oneDNN: 36 MiB 0.77 to 1.04, 49 MiB 0.72; up to 27.6 MiB
+// 1.47 to 1.83; with the bound, 1.18 to 1.29x as fast at four such layers:
+// benchmarks/results/deform_conv2d_cpu_ab_onednn_weight_bound_2026-12-07.txt). The weight
+// gradient from kOnednnWeightGradRows. Intel CPUs keep BLAS.
 // Test hook: CUSTOMOPS_TEST_DEFORM_CPU_GEMM=onednn or =blas, read per call.
 constexpr int64_t kOnednnMinRows = 256;
+constexpr int64_t kOnednnMaxWeightBytes = int64_t{32} << 20;
 
-bool onednn_gemm(int64_t rows, int64_t flops, bool is_float) {
+// weight_bytes: the whole weight's, which each call's convolution copies.
+bool onednn_gemm(int64_t rows, int64_t flops, int64_t weight_bytes, bool is_float) {
   if (!is_float || !at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
   const int forced = env_override("CUSTOMOPS_TEST_DEFORM_CPU_GEMM", "onednn", "blas");
   if (forced != 0) return forced > 0;
 #if CUSTOMOPS_DC_AVX2
   static const bool intel = __builtin_cpu_is("intel");
-  return !intel && rows >= kOnednnMinRows && flops >= (int64_t{16} << 20);
+  return !intel && rows >= kOnednnMinRows && flops >= (int64_t{16} << 20) && weight_bytes <= kOnednnMaxWeightBytes;
 #else
   return false;
 #endif
@@ -966,7 +972,8 @@ at::Tensor forward_impl(
     // (nothing done) where BLAS's is to run (onednn_gemm).
     const bool is_float = std::is_same_v<T, float>;
     const auto onednn_into_out = [&](const at::Tensor& cols, const at::Tensor& dst) {
-      if (!onednn_gemm(cols.size(0), 2 * cols.size(0) * g.out_channels * L.per_group, is_float)) return false;
+      const int64_t weight_elems = g.out_channels * L.per_group;
+      if (!onednn_gemm(cols.size(0), 2 * cols.size(0) * weight_elems, weight_elems * sizeof(T), is_float)) return false;
       const at::Tensor y = rows_times_weight(cols, ops.w2.view({g.out_channels, L.per_group}), g.groups);
       copy_transposed<T>(dst, y.view({dst.size(0), dst.size(2), g.out_channels}).transpose(1, 2));
       return true;
@@ -1088,7 +1095,6 @@ void backward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& offset,
     const at::Tensor& weight, const c10::optional<at::Tensor>& mask, std::array<bool, 5> want, at::Tensor& grad_input,
     bool whole_grad_input, at::Tensor& goff_t, at::Tensor& gw_t, at::Tensor& gmask_t) {
-  const auto ct = c10::CppTypeToScalarType<T>::value;
   const bool need_gcol = want[0] || want[1] || want[4];
   const ColumnLayout L(g);
   const bool weight_order = gemm_in_weight_order(g, L);
@@ -1111,7 +1117,8 @@ void backward_impl(
   // grad_out's chunk as rows (pixels, out_channels), go_t; BLAS's as go_rows (out_channels,
   // pixels).
   const auto use_onednn = [&](int64_t n) {
-    return onednn_gemm(n, 2 * n * g.out_channels * L.per_group, std::is_same_v<T, float>);
+    const int64_t weight_elems = g.out_channels * L.per_group;
+    return onednn_gemm(n, 2 * n * weight_elems, weight_elems * sizeof(T), std::is_same_v<T, float>);
   };
   const auto go_as_rows = [&](int64_t b0, int64_t nb, int64_t p0, int64_t n) {
     at::Tensor t = at::empty({nb * n, g.out_channels}, ops.opts);
