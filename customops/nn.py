@@ -134,10 +134,11 @@ class DeformConv2d(nn.Module):
     initialization and state_dict keys as torchvision's, so its checkpoints load as they are.
     ``forward(input, offset, mask=None)``: the offsets (and the DCNv2 mask) come from the
     caller, with the shapes of :func:`customops.deform_conv2d` (Dai et al. 2017; Zhu et al.
-    2019). Raises ValueError when ``groups`` or a side of ``kernel_size`` is below 1 or
-    ``groups`` does not divide both channel counts, and TypeError when ``kernel_size``,
-    ``stride``, ``padding`` or ``dilation`` is not an int or a pair of ints (their values are
-    checked at the first call, as :func:`customops.deform_conv2d` checks them).
+    2019). Raises ValueError when ``in_channels``, ``groups`` or a side of ``kernel_size`` is
+    below 1, ``out_channels`` is negative or ``groups`` does not divide both channel counts, and
+    TypeError when ``kernel_size``, ``stride``, ``padding`` or ``dilation`` is not an int or a
+    pair of ints (their values are checked at the first call, as :func:`customops.deform_conv2d`
+    checks them).
     """
 
     __constants__ = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"]
@@ -156,6 +157,10 @@ class DeformConv2d(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        # The op needs an input channel per group; zero output channels give an empty output.
+        _check_positive("in_channels", in_channels)
+        if out_channels < 0:
+            raise ValueError(f"customops: expected out_channels to be >= 0, but got {out_channels}")
         _check_positive("groups", groups)
         kernel_size = _pair(kernel_size)
         _check_positive("kernel_size", min(kernel_size))

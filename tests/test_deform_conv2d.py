@@ -492,6 +492,8 @@ def test_integer_like_geometry_and_values_past_int64():
 @pytest.mark.parametrize(
     "cls, args, error, message",
     [
+        ("DeformConv2d", dict(in_channels=0), ValueError, "expected in_channels to be >= 1, but got 0"),
+        ("DeformConv2d", dict(out_channels=-2), ValueError, "expected out_channels to be >= 0, but got -2"),
         ("DeformConv2d", dict(groups=0), ValueError, "expected groups to be >= 1, but got 0"),
         ("DeformConv2d", dict(kernel_size=0), ValueError, "expected kernel_size to be >= 1, but got 0"),
         ("DeformConv2d", dict(kernel_size=(3, 0)), ValueError, "expected kernel_size to be >= 1, but got 0"),
