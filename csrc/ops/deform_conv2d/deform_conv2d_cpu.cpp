@@ -192,14 +192,17 @@ void reorder_columns(
 constexpr int64_t kOnednnMinRows = 256;
 constexpr int64_t kOnednnMaxWeightBytes = int64_t{32} << 20;
 
-// weight_bytes: the whole weight's, which each call's convolution copies.
-bool onednn_gemm(int64_t rows, int64_t flops, int64_t weight_bytes, bool is_float) {
-  if (!is_float || !at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
+// Whether the products of `rows` rows of columns with the layer's weight (out_channels x
+// per_group values, each call's convolution copying all of it) run as oneDNN's.
+template <typename T>
+bool onednn_gemm(int64_t rows, int64_t weight_elems) {
+  if (!std::is_same_v<T, float> || !at::hasMKLDNN() || !at::globalContext().userEnabledMkldnn()) return false;
   const int forced = env_override("CUSTOMOPS_TEST_DEFORM_CPU_GEMM", "onednn", "blas");
   if (forced != 0) return forced > 0;
 #if CUSTOMOPS_DC_AVX2
   static const bool intel = __builtin_cpu_is("intel");
-  return !intel && rows >= kOnednnMinRows && flops >= (int64_t{16} << 20) && weight_bytes <= kOnednnMaxWeightBytes;
+  return !intel && rows >= kOnednnMinRows && 2 * rows * weight_elems >= (int64_t{16} << 20) &&
+         weight_elems * static_cast<int64_t>(sizeof(T)) <= kOnednnMaxWeightBytes;
 #else
   return false;
 #endif
@@ -970,10 +973,8 @@ at::Tensor forward_impl(
     const Runs runs = runs_by_offset_group(g);
     // oneDNN's GEMM of n rows of columns into dst, (images, out_channels, n) of out3; false
     // (nothing done) where BLAS's is to run (onednn_gemm).
-    const bool is_float = std::is_same_v<T, float>;
     const auto onednn_into_out = [&](const at::Tensor& cols, const at::Tensor& dst) {
-      const int64_t weight_elems = g.out_channels * L.per_group;
-      if (!onednn_gemm(cols.size(0), 2 * cols.size(0) * weight_elems, weight_elems * sizeof(T), is_float)) return false;
+      if (!onednn_gemm<T>(cols.size(0), g.out_channels * L.per_group)) return false;
       const at::Tensor y = rows_times_weight(cols, ops.w2.view({g.out_channels, L.per_group}), g.groups);
       copy_transposed<T>(dst, y.view({dst.size(0), dst.size(2), g.out_channels}).transpose(1, 2));
       return true;
@@ -1116,10 +1117,7 @@ void backward_impl(
   // oneDNN's GEMMs (onednn_gemm; the weight gradient from kOnednnWeightGradRows rows) take
   // grad_out's chunk as rows (pixels, out_channels), go_t; BLAS's as go_rows (out_channels,
   // pixels).
-  const auto use_onednn = [&](int64_t n) {
-    const int64_t weight_elems = g.out_channels * L.per_group;
-    return onednn_gemm(n, 2 * n * weight_elems, weight_elems * sizeof(T), std::is_same_v<T, float>);
-  };
+  const auto use_onednn = [&](int64_t n) { return onednn_gemm<T>(n, g.out_channels * L.per_group); };
   const auto go_as_rows = [&](int64_t b0, int64_t nb, int64_t p0, int64_t n) {
     at::Tensor t = at::empty({nb * n, g.out_channels}, ops.opts);
     copy_transposed<T>(t.view({nb, n, g.out_channels}), go.narrow(0, b0, nb).narrow(2, p0, n).transpose(1, 2));
