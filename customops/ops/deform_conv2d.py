@@ -4,6 +4,7 @@ Schema: csrc/registration.cpp; kernels (CPU, CUDA, autograd) and the formula:
 csrc/ops/deform_conv2d/.
 """
 
+import math
 import operator
 from typing import List, Optional, Tuple, Union
 
@@ -88,8 +89,9 @@ def deform_conv2d(
             ``C_out`` not a multiple of ``groups``; ``offset.shape[1]`` not a positive multiple
             of ``2 kh kw``; ``offset``'s or ``mask``'s batch, channels or spatial size not those
             expected; ``bias`` not ``(C_out,)``; stride or dilation < 1, padding < 0, any of
-            them over 2**31 - 1; an output size <= 0. The message names the argument and what
-            was expected (the same under torch.compile and torch.export).
+            them over 2**31 - 1; an output size <= 0, or an output of 2**63 elements or more
+            (expanded arguments). The message names the argument and what was expected (the
+            same under torch.compile and torch.export).
 
     Autograd: gradients w.r.t. ``input``, ``offset``, ``weight``, ``bias`` and ``mask``
     (only those required are computed), by ``customops::deform_conv2d_backward``, which
@@ -245,6 +247,16 @@ def _output_shape(input, offset, weight, bias, stride, padding, dilation, mask):
 
     torch._check(out_h > 0, size_message)
     torch._check(out_w > 0, size_message)
+    out_sizes = [batch, out_channels, out_h, out_w]
+    if all(isinstance(v, int) for v in out_sizes):  # symbolic sizes would add a guard
+        torch._check(
+            math.prod(out_sizes) < 2**63,
+            lambda: (
+                "customops: expected input and weight to give an output of fewer than 2^63 elements, but got "
+                f"(batch, out_channels, out_height, out_width) = {out_sizes} from input of shape "
+                f"{list(input.shape)} and weight of shape {list(weight.shape)}"
+            ),
+        )
     taps2 = 2 * kh * kw
 
     def offset_channels_message():

@@ -616,6 +616,15 @@ def deform_conv2d_errors(device):
         ("at least as large as the dilated kernel [3, 3]", "output size [0, 0]"),
         fake_refuses=True,
     )
+    # Expanded arguments whose output would have 2^67 elements.
+    big = dict(x=x[:1, :1, :1, :1].expand(2**16, 4, 2**10, 2**10), w=w[:1].expand(2**31, 4, 3, 3), b=None)
+    big.update(off=off[:1, :, :1, :1].expand(2**16, 18, 2**10, 2**10), m=None)
+    yield ErrorInput(
+        call(**big),
+        "input",
+        ("fewer than 2^63 elements", "[65536, 2147483648, 1024, 1024]", "[2147483648, 4, 3, 3]"),
+        fake_refuses=True,
+    )
     yield ErrorInput(call(x=x[0]), "input", ("4-D", "[4, 5, 5]"), fake_refuses=True)
     yield ErrorInput(call(w=w[0]), "weight", ("4-D", "[4, 3, 3]"), fake_refuses=True)
     yield ErrorInput(

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "../common/checks.h"
 
@@ -153,6 +154,20 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
       g.out_h > 0 && g.out_w > 0, "customops: expected input to be at least as large as the dilated kernel ",
       shape_str({g.dil_h * (g.kh - 1) + 1, g.dil_w * (g.kw - 1) + 1}), " after padding ", shape_str(padding),
       ", but got input of shape ", shape_str(input.sizes()), " (output size ", shape_str({g.out_h, g.out_w}), ")");
+  // Expanded (stride-0) arguments can describe an output of more than 2^63 elements.
+  const std::array<int64_t, 4> out_sizes = {g.batch, g.out_channels, g.out_h, g.out_w};
+  bool out_fits = true;
+  if (std::find(out_sizes.begin(), out_sizes.end(), 0) == out_sizes.end()) {
+    int64_t n = 1;
+    for (const int64_t v : out_sizes) {
+      out_fits = out_fits && n <= std::numeric_limits<int64_t>::max() / v;
+      n = out_fits ? n * v : n;
+    }
+  }
+  TORCH_CHECK(
+      out_fits, "customops: expected input and weight to give an output of fewer than 2^63 elements, but got ",
+      "(batch, out_channels, out_height, out_width) = ", shape_str(out_sizes), " from input of shape ",
+      shape_str(input.sizes()), " and weight of shape ", shape_str(weight.sizes()));
   const int64_t taps2 = 2 * g.taps();
   TORCH_CHECK(
       offset.size(1) > 0 && offset.size(1) % taps2 == 0,
