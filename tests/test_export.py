@@ -232,6 +232,37 @@ def test_dynamic_spatial_dims_of_a_strided_network(tmp_path):
         runner(torch.randn(1, 3, 4, 8))
 
 
+class _OffsetsAndMaskInputs(nn.Module):
+    # DCNv2 fed its offsets and mask logits from outside: the compiled sigmoid sizes its loop from
+    # the shared batch and sizes, so inputs that disagree there would be read out of bounds.
+    def __init__(self):
+        super().__init__()
+        self.dc = customops.nn.DeformConv2d(4, 6, 3, padding=1)
+
+    def forward(self, x, offset, mask_logits):
+        return self.dc(x, offset, torch.sigmoid(mask_logits))
+
+
+@needs_aoti_python_loading
+@pytest.mark.parametrize("dynamic_dims", [(0,), (0, 2, 3)])
+def test_aoti_package_refuses_inputs_whose_tied_dims_disagree(dynamic_dims, tmp_path):
+    model = _OffsetsAndMaskInputs().eval()
+    shapes = [(2, 4, 8, 8), (2, 18, 8, 8), (2, 9, 8, 8)]
+    path = export_aoti(model, [torch.randn(s) for s in shapes], str(tmp_path / "m.pt2"), dynamic_dims=dynamic_dims)
+    runner = load_aoti(path)
+    dims = runner.package.get_metadata()[customops.export.INPUT_DIMS_METADATA_KEY].split("|")
+    assert len({d.split(",")[0] for d in dims}) == 1, dims  # one batch symbol for the three inputs
+    B, H = 3, 8 if dynamic_dims == (0,) else 11
+    good = [torch.randn(B, c, H, H) for c in (4, 18, 9)]
+    torch.testing.assert_close(runner(*good), model(*good), rtol=1e-5, atol=1e-5)
+    bad_batch = good[:2] + [torch.randn(1, 9, H, H)]
+    with pytest.raises(RuntimeError, match=r"refused input 2 of shape \[1, 9, .*its dim 0 is 1, .* expects 3"):
+        runner(*bad_batch)
+    if dynamic_dims != (0,):
+        with pytest.raises(RuntimeError, match=r"refused input 2 of shape \[3, 9, 4, 4\]: its dim 2 is 4"):
+            runner(*good[:2], torch.randn(B, 9, 4, 4))
+
+
 def test_dynamic_spatial_dims_onnx_strided_and_offsets_input(tmp_path):
     # A stride-4 network, and DeformConv2d with the offsets as a second input (its H and W tied to
     # the input's by torch's suggested fixes), exported with dynamic H and W, run at other sizes.

@@ -28,7 +28,15 @@ from typing import Dict, Iterable, Sequence
 from torch import nn
 
 from . import triton as _triton
-from ._common import DEFAULT_MAX_BATCH, DEFAULT_MAX_DIM, FORMATS, INPUTS_METADATA_KEY, _as_tuple, _publish
+from ._common import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_DIM,
+    FORMATS,
+    INPUT_DIMS_METADATA_KEY,
+    INPUTS_METADATA_KEY,
+    _as_tuple,
+    _publish,
+)
 from .aoti import export_aoti, load_aoti
 from .onnx import export_onnx
 from .torchscript import export_torchscript, load_torchscript
@@ -105,6 +113,7 @@ __all__ = [
     "DEFAULT_MAX_BATCH",
     "DEFAULT_MAX_DIM",
     "FORMATS",
+    "INPUT_DIMS_METADATA_KEY",
     "INPUTS_METADATA_KEY",
     "ONNX_TRANSLATION_TABLE",
     "export_aoti",

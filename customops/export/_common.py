@@ -25,6 +25,11 @@ DEFAULT_MAX_DIM = 1 << 16
 # one "dtype:dim,dim,..." entry per input, joined by '|', where a dim is a fixed size ("12")
 # or a dynamic range ("1-65535"); e.g. "float32:1-65535,12". customops_serve parses it too.
 INPUTS_METADATA_KEY = "customops_inputs"
+# The sizes of the exported program's inputs as torch.export traced them: per input, "dim,dim,..."
+# joined by '|', a dim a fixed size or a symbolic size ("s0", "s1 - 2"). Dims of one symbol are
+# tied (the batch of every input, a suggested fix's equal dims): load_aoti checks that the given
+# sizes agree, which the compiled code assumes (it sizes its loops from one input's dims).
+INPUT_DIMS_METADATA_KEY = "customops_input_dims"
 
 
 def _as_tuple(example_inputs) -> Tuple[torch.Tensor, ...]:

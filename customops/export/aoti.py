@@ -12,6 +12,7 @@ import customops
 from ._common import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_DIM,
+    INPUT_DIMS_METADATA_KEY,
     INPUTS_METADATA_KEY,
     _as_tuple,
     _check_file,
@@ -32,6 +33,19 @@ def _inputs_metadata(inputs: Sequence[torch.Tensor], ranges) -> str:
         + ",".join(f"{r[d][0]}-{r[d][1]}" if d in r else str(s) for d, s in enumerate(t.shape))
         for t, r in zip(inputs, ranges)
     )
+
+
+def _input_dims_metadata(program) -> str:
+    """The :data:`INPUT_DIMS_METADATA_KEY` entry of ``program``'s tensor inputs."""
+    user_inputs = set(program.graph_signature.user_inputs)
+    entries = []
+    for node in program.graph.nodes:
+        val = node.meta.get("val") if node.op == "placeholder" and node.name in user_inputs else None
+        if isinstance(val, torch.Tensor):
+            entries.append(
+                ",".join(str(d.node.expr) if isinstance(d, torch.SymInt) else str(int(d)) for d in val.shape)
+            )
+    return "|".join(entries)
 
 
 def export_aoti(
@@ -57,7 +71,10 @@ def export_aoti(
         # specially); AOTInductor's own input checks (AOTI_RUNTIME_CHECK_INPUTS=1, for whoever
         # sets it) would then refuse a size of 1, which the compiled code handles.
         "aot_inductor.check_lowerbound": False,
-        "aot_inductor.metadata": {INPUTS_METADATA_KEY: _inputs_metadata(inputs, ranges)},
+        "aot_inductor.metadata": {
+            INPUTS_METADATA_KEY: _inputs_metadata(inputs, ranges),
+            INPUT_DIMS_METADATA_KEY: _input_dims_metadata(program),
+        },
     }
     # Inductor's first import defines torch.utils.mkldnn's TorchScript methods, which warn.
     with _staged(path) as tmp, _quiet_torchscript(), _quiet_export():
@@ -109,6 +126,36 @@ def _check_inputs(path: str, spec, tensors: Sequence[torch.Tensor]) -> None:
             )
 
 
+def _parse_input_dims(text: str):
+    """:data:`INPUT_DIMS_METADATA_KEY`'s value as, per input, a sympy expression per dim."""
+    import sympy
+
+    return [[sympy.sympify(d) for d in entry.split(",")] if entry else [] for entry in text.split("|")]
+
+
+def _check_tied_dims(path: str, dims, tensors: Sequence[torch.Tensor]) -> None:
+    """Each symbol of ``dims`` takes the size of its first dim among ``tensors``; every dim whose
+    expression it determines must then have the size the expression gives."""
+    first = {}  # symbol -> (input, dim, size)
+    for i, (t, exprs) in enumerate(zip(tensors, dims)):
+        for d, (size, e) in enumerate(zip(t.shape, exprs)):
+            if e.is_Symbol:
+                first.setdefault(e, (i, d, size))
+    values = {sym: size for sym, (_, _, size) in first.items()}
+    for i, (t, exprs) in enumerate(zip(tensors, dims)):
+        for d, (size, e) in enumerate(zip(t.shape, exprs)):
+            if e.is_Number or not e.free_symbols <= values.keys():
+                continue
+            expected = int(e.subs(values))
+            if size != expected:
+                j, k, _ = first[next(iter(e.free_symbols))]
+                raise RuntimeError(
+                    f"customops: AOTInductor package {path!r} refused input {i} of shape {list(t.shape)}: its dim {d} "
+                    f"is {size}, where the package ties it to dim {k} of input {j} ({str(e)} at export) and so "
+                    f"expects {expected}; inputs' shapes {[list(x.shape) for x in tensors]}"
+                )
+
+
 def load_aoti(path: str):
     """Loads an AOTInductor package whose graph uses customops' ops (the op library is loaded
     first); returns a callable that takes the exported model's inputs. For a package from
@@ -126,20 +173,26 @@ def load_aoti(path: str):
         package = torch._inductor.aoti_load_package(path)
     except Exception as e:  # the loader raises several types for a bad archive
         raise RuntimeError(f"customops: could not load AOTInductor package {path!r}: {e}") from e
-    recorded = package.get_metadata().get(INPUTS_METADATA_KEY)
+    metadata = package.get_metadata()
+    recorded, recorded_dims = metadata.get(INPUTS_METADATA_KEY), metadata.get(INPUT_DIMS_METADATA_KEY)
     # AOTInductor checks nothing unless AOTI_RUNTIME_CHECK_INPUTS=1 is set process-wide, and
     # that check refuses size 1 at dims that torch's own packages export as dynamic: so
     # packages are checked here, against what export_aoti recorded.
     try:
         spec = None if recorded is None else _parse_inputs_metadata(recorded)
-    except ValueError as e:
+        dims = None if recorded_dims is None else _parse_input_dims(recorded_dims)
+    except (ValueError, TypeError, SyntaxError, AttributeError) as e:  # sympify's errors too
         raise RuntimeError(
-            f"customops: AOTInductor package {path!r} has malformed {INPUTS_METADATA_KEY} metadata {recorded!r}"
+            f"customops: AOTInductor package {path!r} has malformed {INPUTS_METADATA_KEY} or "
+            f"{INPUT_DIMS_METADATA_KEY} metadata {recorded!r}, {recorded_dims!r}"
         ) from e
 
     def run(*args, **kwargs):
         if spec is not None:
-            _check_inputs(path, spec, [a for a in args if isinstance(a, torch.Tensor)])
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            _check_inputs(path, spec, tensors)
+            if dims is not None and len(dims) == len(tensors):
+                _check_tied_dims(path, dims, tensors)
             # The compiled code indexes inputs as the row-major examples were laid out.
             args = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args)
         try:
