@@ -13,6 +13,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <functional>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -173,6 +175,36 @@ at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std
   return x.contiguous();
 }
 
+// x checked against a package's "customops_input_dims" record ("dim,dim,..." per input, a size,
+// a symbol such as "s0", or an expression of symbols): dims of one symbol must be equal (a square
+// image's height and width, say), as the compiled code sizes its loops from one of them. Sizes
+// derived by an expression ("s0 - 2") are not evaluated here.
+void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::string& model) {
+  std::vector<std::string> exprs;
+  for (size_t start = 0; start <= dims.size();) {
+    const size_t end = std::min(dims.find(',', start), dims.size());
+    exprs.push_back(dims.substr(start, end - start));
+    start = end + 1;
+  }
+  if (dims.find('|') != std::string::npos || static_cast<int64_t>(exprs.size()) != x.dim()) return;
+  const auto is_symbol = [](const std::string& e) {
+    return !e.empty() && std::isalpha(static_cast<unsigned char>(e[0])) && std::all_of(e.begin(), e.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    });
+  };
+  std::map<std::string, int64_t> first;  // symbol -> its first dim
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    if (!is_symbol(exprs[i])) continue;
+    const auto [it, inserted] = first.emplace(exprs[i], i);
+    if (!inserted && x.size(it->second) != x.size(i)) {
+      throw std::runtime_error(
+          "model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) + ": its dim " + std::to_string(i) +
+          " is " + std::to_string(x.size(i)) + ", where the package ties it to dim " + std::to_string(it->second) +
+          " (" + exprs[i] + " at export) and so expects " + std::to_string(x.size(it->second)));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -239,6 +271,8 @@ int main(int argc, char** argv) {
       const auto metadata = package->get_metadata();
       const auto recorded = metadata.find("customops_inputs");
       if (recorded != metadata.end()) x = checked_input(recorded->second, x, args.model);
+      const auto tied = metadata.find("customops_input_dims");
+      if (tied != metadata.end()) check_tied_dims(tied->second, x, args.model);
     }
     auto sync = [&] {
       if (device.is_cuda()) torch::cuda::synchronize();

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import customops
-from customops.export import export_torchscript
+from customops.export import export_aoti, export_torchscript
 from customops.export.cpp import run_serve
 
 TESTS_CPP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpp")
@@ -126,6 +126,23 @@ def test_bad_files_fail_cleanly(serve, exported, tmp_path):
     for bad_usage in ([paths["pt"]], [paths["pt"], str(good_input), "y.pt", "--runs", "5abc"]):
         out = subprocess.run([serve, *bad_usage], capture_output=True, text=True)
         assert out.returncode == 2 and "usage:" in out.stderr, out.stderr
+
+
+def test_package_refuses_an_input_whose_tied_sizes_disagree(serve, tmp_path):
+    # torch.export ties H and W (x + x.transpose): the compiled code reads W as H.
+    class Square(torch.nn.Module):
+        def forward(self, x):
+            return customops.sigmoid(x + x.transpose(2, 3))
+
+    path = export_aoti(Square(), torch.randn(2, 3, 8, 8), str(tmp_path / "square.pt2"), dynamic_dims=(0, 2, 3))
+    for shape, message in (((2, 3, 5, 5), None), ((2, 3, 8, 9), "its dim 3 is 9, where the package ties it to dim 2")):
+        x = tmp_path / "x.pt"
+        torch.save(torch.randn(shape), x)
+        out = subprocess.run([serve, path, str(x), str(tmp_path / "y.pt")], capture_output=True, text=True)
+        if message is None:
+            assert out.returncode == 0, out.stderr
+        else:
+            assert out.returncode == 1 and message in out.stderr, (out.returncode, out.stderr)
 
 
 def test_model_with_several_outputs_is_refused(serve, tmp_path):
