@@ -214,7 +214,8 @@ class ModulatedDeformConv2d(DeformConv2d):
     a new layer samples the regular grid with mask 0.5: ``0.5 * conv2d(input, weight) + bias``
     (the bias is not scaled) until training moves the offsets and the mask. Other arguments and
     parameters as :class:`DeformConv2d`; ``offset_groups`` must be >= 1 and divide
-    ``in_channels`` (else ValueError).
+    ``in_channels``, and stride and dilation be >= 1 and padding >= 0 (``conv_offset`` runs
+    before the op's own checks), else ValueError.
     """
 
     def __init__(
@@ -235,6 +236,13 @@ class ModulatedDeformConv2d(DeformConv2d):
             raise ValueError(
                 f"customops: expected in_channels ({in_channels}) to be divisible by offset_groups ({offset_groups})"
             )
+        for name, pair, low in (
+            ("stride", self.stride, 1),
+            ("padding", self.padding, 0),
+            ("dilation", self.dilation, 1),
+        ):
+            if min(pair) < low:
+                raise ValueError(f"customops: expected {name} to be >= {low}, but got {pair}")
         self.offset_groups = offset_groups
         taps = self.kernel_size[0] * self.kernel_size[1]
         self.conv_offset = nn.Conv2d(

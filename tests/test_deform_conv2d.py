@@ -501,6 +501,9 @@ def test_integer_like_geometry_and_values_past_int64():
         ("DeformConv2d", dict(padding=(1, 1, 1)), TypeError, "expected padding to be an int or a pair of ints"),
         ("ModulatedDeformConv2d", dict(offset_groups=0), ValueError, "expected offset_groups to be >= 1, but got 0"),
         ("ModulatedDeformConv2d", dict(dilation="2"), TypeError, "expected dilation to be an int or a pair of ints"),
+        ("ModulatedDeformConv2d", dict(stride=0), ValueError, r"expected stride to be >= 1, but got \(0, 0\)"),
+        ("ModulatedDeformConv2d", dict(padding=(1, -1)), ValueError, r"expected padding to be >= 0, but got \(1, -1\)"),
+        ("ModulatedDeformConv2d", dict(dilation=(0, 1)), ValueError, r"expected dilation to be >= 1, but got \(0, 1\)"),
     ],
 )
 def test_module_arguments_out_of_range_raise_naming_them(cls, args, error, message):
