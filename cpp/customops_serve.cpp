@@ -138,6 +138,17 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
+// s's comma-separated fields (none for an empty s).
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> fields;
+  for (size_t start = 0; !s.empty() && start <= s.size();) {
+    const size_t end = std::min(s.find(',', start), s.size());
+    fields.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return fields;
+}
+
 // x checked against a package's "customops_inputs" record ("dtype:dim,dim,..." per input,
 // joined by '|', a dim a size "12" or a range "1-65535"), and made row-major, as the export
 // examples were. This replaces AOTI_RUNTIME_CHECK_INPUTS=1, which refuses size 1 at dims that
@@ -152,13 +163,10 @@ at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std
   const std::string dims = colon == std::string::npos ? "" : spec.substr(colon + 1);
   std::vector<int64_t> lows, highs;  // each dim's range; a fixed size has low == high
   try {
-    for (size_t start = 0; !dims.empty() && start <= dims.size();) {
-      const size_t end = std::min(dims.find(',', start), dims.size());
-      const std::string dim = dims.substr(start, end - start);
+    for (const std::string& dim : split_commas(dims)) {
       const size_t dash = dim.find('-');
       lows.push_back(std::stoll(dim.substr(0, dash)));
       highs.push_back(std::stoll(dash == std::string::npos ? dim : dim.substr(dash + 1)));
-      start = end + 1;
     }
   } catch (const std::logic_error&) {  // std::stoll's invalid_argument / out_of_range
     throw std::runtime_error("model '" + model + "' has malformed customops_inputs metadata '" + spec + "'");
@@ -180,12 +188,7 @@ at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std
 // image's height and width, say), as the compiled code sizes its loops from one of them. Sizes
 // derived by an expression ("s0 - 2") are not evaluated here.
 void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::string& model) {
-  std::vector<std::string> exprs;
-  for (size_t start = 0; start <= dims.size();) {
-    const size_t end = std::min(dims.find(',', start), dims.size());
-    exprs.push_back(dims.substr(start, end - start));
-    start = end + 1;
-  }
+  const std::vector<std::string> exprs = split_commas(dims);
   if (dims.find('|') != std::string::npos || static_cast<int64_t>(exprs.size()) != x.dim()) return;
   const auto is_symbol = [](const std::string& e) {
     return !e.empty() && std::isalpha(static_cast<unsigned char>(e[0])) && std::all_of(e.begin(), e.end(), [](char c) {

@@ -23,6 +23,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/macros/Macros.h>
+#include <c10/util/safe_numerics.h>
 
 #include <algorithm>
 #include <array>
@@ -156,16 +157,11 @@ inline DeformConv2dGeometry check_deform_conv2d_args(
       ", but got input of shape ", shape_str(input.sizes()), " (output size ", shape_str({g.out_h, g.out_w}), ")");
   // Expanded (stride-0) arguments can describe an output of more than 2^63 elements.
   const std::array<int64_t, 4> out_sizes = {g.batch, g.out_channels, g.out_h, g.out_w};
-  bool out_fits = true;
-  if (std::find(out_sizes.begin(), out_sizes.end(), 0) == out_sizes.end()) {
-    int64_t n = 1;
-    for (const int64_t v : out_sizes) {
-      out_fits = out_fits && n <= std::numeric_limits<int64_t>::max() / v;
-      n = out_fits ? n * v : n;
-    }
-  }
+  uint64_t out_numel = 0;
+  const bool out_overflows = c10::safe_multiplies_u64(out_sizes, &out_numel);
   TORCH_CHECK(
-      out_fits, "customops: expected input and weight to give an output of fewer than 2^63 elements, but got ",
+      !out_overflows && out_numel <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+      "customops: expected input and weight to give an output of fewer than 2^63 elements, but got ",
       "(batch, out_channels, out_height, out_width) = ", shape_str(out_sizes), " from input of shape ",
       shape_str(input.sizes()), " and weight of shape ", shape_str(weight.sizes()));
   const int64_t taps2 = 2 * g.taps();
