@@ -232,6 +232,29 @@ def test_dynamic_spatial_dims_of_a_strided_network(tmp_path):
         runner(torch.randn(1, 3, 4, 8))
 
 
+@needs_aoti_python_loading
+@pytest.mark.parametrize(
+    "layer, example, recorded",
+    [
+        # H - 2 must not be 1 (torch.export specialises a one-pixel output): H >= 4, as the example.
+        (dict(kernel_size=3), (1, 4, 4, 4), "4-65536,4-65536"),
+        # H: 1 + (H - 5) // 2 >= 2 needs H >= 7; W: W - 8 >= 2 needs W >= 10, between the doubled
+        # minima 9 and 17, above the example's 15.
+        (dict(kernel_size=(5, 7), stride=(2, 1), padding=(0, 2), dilation=(1, 2)), (1, 4, 17, 15), "7-65536,10-65536"),
+    ],
+)
+def test_dynamic_spatial_dims_get_the_smallest_minimum_that_exports(layer, example, recorded, tmp_path):
+    model = customops.nn.ModulatedDeformConv2d(4, 4, **layer).eval()
+    path = export_aoti(model, torch.randn(example), str(tmp_path / "m.pt2"), dynamic_dims=(0, 2, 3))
+    runner = load_aoti(path)
+    assert runner.package.get_metadata()[customops.export.INPUTS_METADATA_KEY] == "float32:1-65535,4," + recorded
+    h, w = (int(r.split("-")[0]) for r in recorded.split(","))
+    x = torch.randn(2, 4, h, w)
+    torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="refused input 0"):
+        runner(torch.randn(2, 4, h - 1, w))
+
+
 class _OffsetsAndMaskInputs(nn.Module):
     # DCNv2 fed its offsets and mask logits from outside: the compiled sigmoid sizes its loop from
     # the shared batch and sizes, so inputs that disagree there would be read out of bounds.

@@ -2,8 +2,9 @@
 package (``.pt2``) or ONNX (``.onnx``), and load the first two back.
 
 Every export gets a dynamic batch dimension (dim 0 of each input, 1..``max_batch``); other
-dimensions are made dynamic with ``dynamic_dims=`` (each 1..``max_dim``, from a larger minimum
-where torch.export needs one: 2^k + 1 behind layers of total stride 2^k; an offsets input's sizes
+dimensions are made dynamic with ``dynamic_dims=`` (each 1..``max_dim``, from the smallest minimum
+torch.export accepts where it needs one: 2^k + 1 behind layers of total stride 2^k, 4 for an
+unpadded 3x3 layer; an offsets input's sizes
 tied to the input's as torch suggests). The model is exported in eval mode and left in the mode it
 was in. Files are written
 under a temporary name next to the target and renamed into place once complete, so a failed

@@ -108,24 +108,18 @@ def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = training
 
 
-# The minima a dynamic dim is retried with where torch.export's guards need more than 1: a layer
-# of stride s gives an output of one pixel below s + 1, which torch.export specialises (a network
-# of total stride 2^k exports from 2^k + 1).
-_RETRY_MINIMA = (2, 3, 5, 9, 17, 33, 65, 129)
-
-
 def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
     """torch.export.export of ``model`` in eval mode. Returns (program, ranges): ``ranges`` as
-    torch.export accepted them. A dynamic dim whose guards need a larger minimum (a stride-2 layer
-    needs 3) is retried with the next of _RETRY_MINIMA, and torch's suggested fixes (a dim equal to
-    another, a narrower range) are applied; a dim the model fixes (or that needs a minimum above
-    its example's size) becomes a ValueError naming it, with torch's explanation."""
-    spec = dynamic_shapes
-    for _ in range(2 * len(_RETRY_MINIMA) + 2):
+    torch.export accepted them. torch's suggested fixes (a dim equal to another, a narrower range)
+    are applied. A dynamic dim whose guards need a larger minimum than torch suggests (a layer
+    whose output would be one pixel, which torch.export specialises) gets the smallest minimum that
+    torch.export accepts (_MinimumSearch). A dim the model fixes (or that needs a minimum above its
+    example's size) becomes a ValueError naming it, with torch's explanation."""
+    spec, search, accepted = dynamic_shapes, _MinimumSearch(inputs), None
+    for _ in range(128):
         try:
             with _quiet_export(), _eval_mode(model):
                 program = torch.export.export(model, inputs, dynamic_shapes=spec)
-            return program, _spec_ranges(spec, ranges)
         except Exception as e:  # torch._dynamo.exc.UserError; its type moves between torch versions
             msg = str(e)
             violated = re.search(r"Constraints violated \(([^)]*)\)", msg)
@@ -136,7 +130,7 @@ def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
             if refined is not None and not _specialized(refined, spec):
                 spec = refined
                 continue
-            raised = None if refined is not None else _raise_minima(spec, names, inputs)
+            raised = None if refined is not None else search.rejected(spec, names)
             if raised is None:
                 where = "; ".join(_describe_dim(n) for n in names)
                 detail = "\n".join(line for line in msg.splitlines()[:12] if line.strip())
@@ -145,8 +139,83 @@ def _export_program(model: nn.Module, inputs, dynamic_shapes, ranges):
                     + _batch_hint(inputs)
                     + f"\n(torch.export: {detail})"
                 ) from e
+            if accepted is not None and _minima(raised) == _minima(accepted[1]):
+                return accepted[0], _spec_ranges(accepted[1], ranges)
             spec = raised
+            continue
+        accepted = program, spec
+        lower = search.accepted(spec)
+        if lower is None:
+            return program, _spec_ranges(spec, ranges)
+        spec = lower
     raise ValueError(f"customops: torch.export kept refusing the dynamic dims {ranges}")
+
+
+class _MinimumSearch:
+    """The smallest minimum of each dynamic dim that torch.export accepts, where a guard that
+    torch suggests no fix for (``H - 2 != 1``: an output of one pixel would be specialised) rules
+    values out. Such a dim's minimum doubles (2, 3, 5, 9, ...; a network of total stride 2^k
+    exports from 2^k + 1), capped at its example's size, until torch.export accepts it, then is
+    bisected down to the smallest accepted. This assumes that a minimum above an accepted one is
+    accepted too, which holds where output sizes grow with the input's (convolutions, pooling)."""
+
+    def __init__(self, inputs):
+        self.inputs = inputs
+        self.bounds = {}  # dim name -> [largest rejected minimum, smallest accepted minimum or None]
+
+    def rejected(self, spec, names):
+        """The next spec to try after torch.export refused ``spec`` for the dims ``names``, or None
+        where a violated dim has no minimum left to try within its example's size."""
+        moved = {}
+        for i, d, dim in _dims(spec):
+            name = getattr(dim, "__name__", None)
+            if name == "batch" or name in moved or not isinstance(getattr(dim, "min", None), int):
+                continue
+            if name in names:
+                bound = self.bounds.setdefault(name, [dim.min, None])
+                bound[0] = max(bound[0], dim.min)
+                if bound[1] is None:
+                    nxt = min(max(bound[0] + 1, 2 * bound[0] - 1), self.inputs[i].shape[d])
+                    if nxt <= bound[0]:
+                        return None
+                    moved[name] = nxt
+                    continue
+            elif name in self.bounds:
+                self.bounds[name][1] = dim.min
+            if name in self.bounds:
+                moved[name] = self._next(name)
+        return _with_minima(spec, moved) if moved else None
+
+    def accepted(self, spec):
+        """The next spec to try after torch.export accepted ``spec``, or None where every searched
+        dim's minimum is the smallest accepted."""
+        moved = {}
+        for _, _, dim in _dims(spec):
+            name = getattr(dim, "__name__", None)
+            if name in self.bounds:
+                self.bounds[name][1] = dim.min
+                moved[name] = self._next(name)
+        return _with_minima(spec, moved) if _minima(_with_minima(spec, moved)) != _minima(spec) else None
+
+    def _next(self, name):
+        lo, hi = self.bounds[name]
+        return hi if hi - lo <= 1 else (lo + hi) // 2
+
+
+def _with_minima(spec, minima):
+    """``spec`` with the named dims' minima replaced."""
+    new = {}
+    for _, _, dim in _dims(spec):
+        name = getattr(dim, "__name__", None)
+        if name in minima and name not in new:
+            new[name] = torch.export.Dim(name, min=minima[name], max=dim.max)
+    return tuple(
+        None if s is None else {d: new.get(getattr(dim, "__name__", None), dim) for d, dim in s.items()} for s in spec
+    )
+
+
+def _minima(spec):
+    return [(i, d, getattr(dim, "min", None)) for i, d, dim in _dims(spec)]
 
 
 def _apply_suggested_fixes(msg: str, spec):
@@ -175,24 +244,6 @@ def _dims(spec):
 def _specialized(refined, spec) -> bool:
     """Whether torch's suggested fixes made a dynamic dim static (an int)."""
     return any(isinstance((refined[i] or {}).get(d), int) for i, d, _ in _dims(spec))
-
-
-def _raise_minima(spec, names, inputs):
-    """``spec`` with each violated dim's minimum raised to the next of _RETRY_MINIMA, or None
-    where a dim has none left within its example's size."""
-    new = {}
-    for i, d, dim in _dims(spec):
-        name = getattr(dim, "__name__", None)
-        if name in names and name not in new and name != "batch":
-            nxt = next((m for m in _RETRY_MINIMA if m > dim.min), None)
-            if nxt is None or nxt > inputs[i].shape[d]:
-                return None
-            new[name] = torch.export.Dim(name, min=nxt, max=dim.max)
-    if not new:
-        return None
-    return tuple(
-        None if s is None else {d: new.get(getattr(dim, "__name__", None), dim) for d, dim in s.items()} for s in spec
-    )
 
 
 def _spec_ranges(spec, ranges):
