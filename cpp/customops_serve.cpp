@@ -17,12 +17,14 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -183,10 +185,94 @@ at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std
   return x.contiguous();
 }
 
+// The value of e, an integer expression of sizes and symbols as sympy prints torch's symbolic
+// sizes ("s0", "s1 + 2", "2*s1", "((s1 - 1)//2)"): +, -, *, // (floor division) and parentheses.
+// Nothing for anything else (a function of torch's such as "Max(s0, 2)") or a symbol that values
+// does not have.
+class SizeExpr {
+ public:
+  static std::optional<int64_t> eval(const std::string& e, const std::map<std::string, int64_t>& values) {
+    SizeExpr p(e, values);
+    const std::optional<int64_t> v = p.sum();
+    return v && p.skip_spaces() == p.e_.size() ? v : std::nullopt;
+  }
+
+ private:
+  SizeExpr(const std::string& e, const std::map<std::string, int64_t>& values) : e_(e), values_(values) {}
+
+  size_t skip_spaces() {
+    while (i_ < e_.size() && e_[i_] == ' ') ++i_;
+    return i_;
+  }
+  bool eat(const char* token) {
+    skip_spaces();
+    const size_t n = std::strlen(token);
+    if (e_.compare(i_, n, token) != 0) return false;
+    i_ += n;
+    return true;
+  }
+  std::optional<int64_t> sum() {
+    std::optional<int64_t> v = product();
+    while (v) {
+      if (eat("+")) {
+        const auto r = product();
+        v = r ? std::optional<int64_t>(*v + *r) : std::nullopt;
+      } else if (eat("-")) {
+        const auto r = product();
+        v = r ? std::optional<int64_t>(*v - *r) : std::nullopt;
+      } else {
+        break;
+      }
+    }
+    return v;
+  }
+  std::optional<int64_t> product() {
+    std::optional<int64_t> v = factor();
+    while (v) {
+      if (eat("//")) {
+        const auto r = factor();
+        if (!r || *r == 0) return std::nullopt;
+        const int64_t q = *v / *r;
+        v = q * *r != *v && (*v < 0) != (*r < 0) ? q - 1 : q;  // Python's floor, not C++'s truncation
+      } else if (eat("*")) {
+        const auto r = factor();
+        v = r ? std::optional<int64_t>(*v * *r) : std::nullopt;
+      } else {
+        break;
+      }
+    }
+    return v;
+  }
+  std::optional<int64_t> factor() {
+    if (eat("-")) {
+      const auto v = factor();
+      return v ? std::optional<int64_t>(-*v) : std::nullopt;
+    }
+    if (eat("(")) {
+      const auto v = sum();
+      return v && eat(")") ? v : std::nullopt;
+    }
+    const size_t start = skip_spaces();
+    while (i_ < e_.size() && (std::isalnum(static_cast<unsigned char>(e_[i_])) || e_[i_] == '_')) ++i_;
+    const std::string word = e_.substr(start, i_ - start);
+    if (word.empty()) return std::nullopt;
+    if (std::all_of(word.begin(), word.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })) {
+      return word.size() <= 18 ? std::optional<int64_t>(std::stoll(word)) : std::nullopt;
+    }
+    const auto it = values_.find(word);
+    if (it == values_.end() || eat("(")) return std::nullopt;
+    return it->second;
+  }
+
+  const std::string& e_;
+  const std::map<std::string, int64_t>& values_;
+  size_t i_ = 0;
+};
+
 // x checked against a package's "customops_input_dims" record ("dim,dim,..." per input, a size,
-// a symbol such as "s0", or an expression of symbols): dims of one symbol must be equal (a square
-// image's height and width, say), as the compiled code sizes its loops from one of them. Sizes
-// derived by an expression ("s0 - 2") are not evaluated here.
+// a symbol such as "s0", or an expression of symbols): each symbol takes the size of its first
+// dim, and every other dim it determines must have the size that its expression gives (a square
+// image's height and width, say), as the compiled code sizes its loops from one of them.
 void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::string& model) {
   const std::vector<std::string> exprs = split_commas(dims);
   if (dims.find('|') != std::string::npos || static_cast<int64_t>(exprs.size()) != x.dim()) return;
@@ -195,16 +281,26 @@ void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::st
       return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
     });
   };
-  std::map<std::string, int64_t> first;  // symbol -> its first dim
+  std::map<std::string, int64_t> values, first;  // symbol -> its size, its first dim
   for (int64_t i = 0; i < x.dim(); ++i) {
-    if (!is_symbol(exprs[i])) continue;
-    const auto [it, inserted] = first.emplace(exprs[i], i);
-    if (!inserted && x.size(it->second) != x.size(i)) {
-      throw std::runtime_error(
-          "model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) + ": its dim " + std::to_string(i) +
-          " is " + std::to_string(x.size(i)) + ", where the package ties it to dim " + std::to_string(it->second) +
-          " (" + exprs[i] + " at export) and so expects " + std::to_string(x.size(it->second)));
+    if (is_symbol(exprs[i]) && first.emplace(exprs[i], i).second) values[exprs[i]] = x.size(i);
+  }
+  for (int64_t i = 0; i < x.dim(); ++i) {
+    const auto bare = first.find(exprs[i]);
+    if (bare != first.end() && bare->second == i) continue;
+    if (exprs[i].find_first_not_of("0123456789") == std::string::npos) continue;  // a size: checked_input's
+    const std::optional<int64_t> expected = SizeExpr::eval(exprs[i], values);
+    if (!expected || *expected == x.size(i)) continue;
+    int64_t tie = x.dim();  // the first dim of a symbol that the expression uses
+    for (const auto& [symbol, dim] : first) {
+      std::map<std::string, int64_t> without = values;
+      without.erase(symbol);
+      if (!SizeExpr::eval(exprs[i], without)) tie = std::min(tie, dim);
     }
+    throw std::runtime_error(
+        "model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) + ": its dim " + std::to_string(i) +
+        " is " + std::to_string(x.size(i)) + ", where the package ties it to dim " + std::to_string(tie) + " (" +
+        exprs[i] + " at export) and so expects " + std::to_string(*expected));
   }
 }
 

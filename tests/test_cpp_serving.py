@@ -128,21 +128,37 @@ def test_bad_files_fail_cleanly(serve, exported, tmp_path):
         assert out.returncode == 2 and "usage:" in out.stderr, out.stderr
 
 
-def test_package_refuses_an_input_whose_tied_sizes_disagree(serve, tmp_path):
+class _Square(torch.nn.Module):
     # torch.export ties H and W (x + x.transpose): the compiled code reads W as H.
-    class Square(torch.nn.Module):
-        def forward(self, x):
-            return customops.sigmoid(x + x.transpose(2, 3))
+    def forward(self, x):
+        return customops.sigmoid(x + x.transpose(2, 3))
 
-    path = export_aoti(Square(), torch.randn(2, 3, 8, 8), str(tmp_path / "square.pt2"), dynamic_dims=(0, 2, 3))
-    for shape, message in (((2, 3, 5, 5), None), ((2, 3, 8, 9), "its dim 3 is 9, where the package ties it to dim 2")):
-        x = tmp_path / "x.pt"
+
+class _WiderByTwo(torch.nn.Module):
+    # Ties W to H + 2 (recorded as "s1 + 2"): the compiled code derives W from H.
+    def forward(self, x):
+        return customops.sigmoid(x[:, :, :, 2:] + x[:, :, :, :-2].transpose(2, 3))
+
+
+@pytest.mark.parametrize(
+    "model, example, good, bad, message",
+    [
+        (_Square(), (2, 3, 8, 8), (2, 3, 5, 5), (2, 3, 8, 9), "its dim 3 is 9, where the package ties it to dim 2"),
+        (_WiderByTwo(), (2, 3, 6, 8), (1, 3, 3, 5), (2, 3, 6, 6), "its dim 3 is 6, where the package ties it to dim 2"),
+    ],
+)
+def test_package_refuses_an_input_whose_tied_sizes_disagree(serve, model, example, good, bad, message, tmp_path):
+    path = export_aoti(model, torch.randn(example), str(tmp_path / "m.pt2"), dynamic_dims=(0, 2, 3))
+    for shape, expected in ((good, None), (bad, message)):
+        x, y = tmp_path / "x.pt", tmp_path / "y.pt"
         torch.save(torch.randn(shape), x)
-        out = subprocess.run([serve, path, str(x), str(tmp_path / "y.pt")], capture_output=True, text=True)
-        if message is None:
+        out = subprocess.run([serve, path, str(x), str(y), "--runs", "1", "--warmup", "0"], capture_output=True, text=True)
+        if expected is None:
             assert out.returncode == 0, out.stderr
+            inp = torch.load(x)
+            torch.testing.assert_close(torch.load(y), model(inp), rtol=1e-6, atol=1e-6)
         else:
-            assert out.returncode == 1 and message in out.stderr, (out.returncode, out.stderr)
+            assert out.returncode == 1 and expected in out.stderr, (out.returncode, out.stderr)
 
 
 def test_model_with_several_outputs_is_refused(serve, tmp_path):
