@@ -152,7 +152,9 @@ def test_package_refuses_an_input_whose_tied_sizes_disagree(serve, model, exampl
     for shape, expected in ((good, None), (bad, message)):
         x, y = tmp_path / "x.pt", tmp_path / "y.pt"
         torch.save(torch.randn(shape), x)
-        out = subprocess.run([serve, path, str(x), str(y), "--runs", "1", "--warmup", "0"], capture_output=True, text=True)
+        out = subprocess.run(
+            [serve, path, str(x), str(y), "--runs", "1", "--warmup", "0"], capture_output=True, text=True
+        )
         if expected is None:
             assert out.returncode == 0, out.stderr
             inp = torch.load(x)

@@ -18,6 +18,9 @@ import time
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+
+import customops
 
 pytest.importorskip("pytriton", reason="nvidia-pytriton is not installed (pip install 'customops[serve]')")
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
@@ -144,6 +147,70 @@ def test_clients_that_disconnect_mid_request(server, model):
     np.testing.assert_allclose(infer(server.url, good), model(torch.from_numpy(good)).detach().numpy(), rtol=1e-5)
 
 
+class SkipNet(torch.nn.Module):
+    """A strided deformable layer whose output, upsampled, is added to the input: H and W must be
+    even, so neither size 1 nor one more row runs, and a request of odd sizes fails in the model."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = customops.nn.ModulatedDeformConv2d(3, 3, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return x + F.interpolate(self.down(x), scale_factor=2.0)
+
+
+@pytest.fixture(scope="module")
+def skipnet():
+    torch.manual_seed(0)
+    net = SkipNet().eval()
+    torch.nn.init.normal_(net.down.conv_offset.weight, std=0.3)  # offsets and mask away from zero
+    return net
+
+
+@pytest.fixture(scope="module")
+def skipnet_exported(skipnet, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("skipnet"))
+    export_model(skipnet, torch.randn(2, 3, 8, 12), out, "skipnet", formats=("pt",), dynamic_dims=(0, 2, 3))
+    return out
+
+
+def infer_as(url, name, x):
+    with httpclient.InferenceServerClient(url, network_timeout=60) as client:
+        inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        return client.infer(name, [inp]).as_numpy("OUTPUT__0")
+
+
+def check_deform_model_served(url, name, net):
+    """Requests of other image sizes match eager; a batch of concurrent requests that the model
+    refuses (odd sizes) each get the model's error in one line, and the server serves on."""
+    rng = np.random.default_rng(1)
+    for shape in ((1, 3, 8, 12), (3, 3, 16, 6)):
+        x = rng.standard_normal(shape, dtype=np.float32)
+        np.testing.assert_allclose(
+            infer_as(url, name, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5
+        )
+    bad = np.zeros((1, 3, 7, 7), np.float32)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        errors = list(pool.map(lambda _: error_of(lambda: infer_as(url, name, bad)), range(4)))
+    for e in errors:
+        assert "The size of tensor a (7) must match the size of tensor b (8)" in e, e
+        assert "TorchScript interpreter" not in e, e
+    x = rng.standard_normal((2, 3, 4, 4), dtype=np.float32)
+    np.testing.assert_allclose(infer_as(url, name, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_deform_network_of_dynamic_image_sizes(skipnet_exported, skipnet):
+    # The start-up run takes the export's example sizes: size 1 (an odd size) fails in this model.
+    server = Server(skipnet_exported, "--max-queue-delay-us", "20000", name="skipnet")
+    try:
+        check_deform_model_served(server.url, "skipnet", skipnet)
+    finally:
+        code, summary = server.stop()
+        server.kill()
+    assert code == 0, "".join(server.lines[-20:])
+
+
 def test_sigterm_finishes_accepted_requests_and_reports_batches(exported, model):
     # A long queue delay keeps the requests waiting in Triton's batcher when SIGTERM comes.
     server = Server(exported, "--max-queue-delay-us", "5000000")
@@ -214,9 +281,11 @@ def test_startup_failure_is_one_line_and_exit_1(exported, model, tmp_path, case)
     assert expect in lines[0] and "Traceback" not in out.stderr, out.stderr
 
 
-def test_python_backend_repository_in_tritonserver(exported, model, tmp_path):
-    """The exporter's triton/python repository, served by tritonserver itself (PyTriton's binary,
-    with its Python backend) and its model.py running customops' loader inside the stub."""
+def test_python_backend_repository_in_tritonserver(exported, model, skipnet_exported, skipnet, tmp_path):
+    """The exporter's triton/python repositories, served by tritonserver itself (PyTriton's binary,
+    with its Python backend) and their model.py running customops' loader inside the stub: a
+    batched model of fixed sizes, and a deform network of dynamic image sizes whose errors, a
+    batch of them at once too, come back as error responses."""
     from pytriton.utils.distribution import get_libs_path, get_root_module_path, get_stub_path
 
     dist = get_root_module_path() / "tritonserver"
@@ -227,13 +296,16 @@ def test_python_backend_repository_in_tritonserver(exported, model, tmp_path):
             os.symlink(f, backends / f.name)
     version = f"{sys.version_info[0]}.{sys.version_info[1]}"
     shutil.copy(get_stub_path(version), backends / "triton_python_backend_stub")
+    repository = tmp_path / "repository"
+    for folder, name in ((exported, "model"), (skipnet_exported, "skipnet")):
+        shutil.copytree(os.path.join(folder, "triton", "python", name), repository / name)
     http_port, grpc_port, metrics_port = free_ports(3)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join([sysconfig.get_config_var("LIBDIR"), str(get_libs_path())])
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # the stub's Python finds this venv
     cmd = [
         str(dist / "bin" / "tritonserver"),
-        f"--model-repository={os.path.join(exported, 'triton', 'python')}",
+        f"--model-repository={repository}",
         f"--backend-directory={tmp_path / 'backends'}",
         "--http-address=127.0.0.1",
         f"--http-port={http_port}",
@@ -253,7 +325,7 @@ def test_python_backend_repository_in_tritonserver(exported, model, tmp_path):
                 assert proc.poll() is None, (tmp_path / "tritonserver.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "tritonserver did not load the model in 120 s"
                 try:
-                    if client.is_model_ready("model"):
+                    if client.is_model_ready("model") and client.is_model_ready("skipnet"):
                         break
                 except Exception:  # noqa: BLE001 - not listening yet
                     pass
@@ -263,6 +335,7 @@ def test_python_backend_repository_in_tritonserver(exported, model, tmp_path):
         assert "unexpected shape" in error_of(lambda: infer(url, np.zeros((2, 5), np.float32)))
         result = run_clients(url, model, clients=4, requests=40, max_rows=MAX_BATCH, seed=3, features=FEATURES)
         assert result["errors"] == []
+        check_deform_model_served(url, "skipnet", skipnet)
     finally:
         proc.send_signal(signal.SIGINT)
         try:

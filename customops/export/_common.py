@@ -95,6 +95,28 @@ def _describe_dim(name: str) -> str:
     return f"dim {m.group(2)} of input {m.group(1)}, which dynamic_dims makes dynamic" if m else name
 
 
+# The first line of the error that torch.jit's interpreter raises for an exception inside a
+# TorchScript model: two tracebacks follow, the original exception's own line last.
+_SCRIPT_ERROR_HEAD = "The following operation failed in the TorchScript interpreter."
+
+
+def one_line_error(e: BaseException, with_type: bool = False) -> str:
+    """``e``'s message as one line for a command line or an error response: for an exception
+    inside a TorchScript model, the original exception's (its type always named: "RuntimeError:
+    customops: expected ..."); else the first line that says something (torch's messages may start
+    with one that ends in a colon, or with an empty one), after ``e``'s type with ``with_type``."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if lines and lines[0] == _SCRIPT_ERROR_HEAD:
+        for i in range(len(lines) - 1, 0, -1):
+            if re.match(r"[A-Za-z_][\w.]*(Error|Exception): ", lines[i]):
+                return " ".join(lines[i:])
+    prefix = f"{type(e).__name__}: " if with_type else ""
+    for i, line in enumerate(lines):
+        if not line.endswith(":") or i + 1 == len(lines):
+            return prefix + " ".join(lines[: i + 1])
+    return type(e).__name__
+
+
 @contextlib.contextmanager
 def _eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     """The model in eval mode for the block, each module's training flag restored after it (an

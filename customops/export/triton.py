@@ -34,6 +34,10 @@ from ._common import _batch_hint
 DEFAULT_MAX_BATCH_SIZE = 256
 DEFAULT_MAX_QUEUE_DELAY_US = 1000
 REPOSITORY_DIR = "triton"
+# The Python backend's config parameter that holds the example inputs' sizes ("3,48,48" per
+# input, without the batch where the config batches, joined by '|'): sizes the model is known to
+# take, where a dynamic dim (-1) may not take 1 (a strided network's height).
+EXAMPLE_DIMS_PARAMETER = "customops_example_dims"
 PYTHON_MODEL_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "triton_python_model.py")
 
 _TRITON_DTYPES = {
@@ -148,31 +152,43 @@ def _leaves(out) -> List[torch.Tensor]:
     )
 
 
-def _grown(t: torch.Tensor, dims: Sequence[int]) -> torch.Tensor:
-    """``t`` with one more row at each of ``dims`` (to see which output sizes follow them)."""
+def _grown(t: torch.Tensor, dims: Sequence[int], step) -> torch.Tensor:
+    """``t`` with ``step(size)`` more rows at each of ``dims`` (to see which output sizes follow them)."""
     for d in dims:
         if d < t.dim():
-            t = torch.cat([t, t.narrow(d, 0, 1)], dim=d)
+            extra = step(t.shape[d])
+            t = torch.cat([t, t.narrow(d, 0, 1).expand(*t.shape[:d], extra, *t.shape[d + 1 :])], dim=d)
     return t
+
+
+# The growths tried: one row, then the largest power of two that divides the size (a network of
+# total stride 4 takes multiples of 4: 48 -> 64 keeps one).
+_GROWTHS = (lambda size: 1, lambda size: size & -size)
 
 
 def io_configs(
     model: nn.Module, example_inputs: Sequence[torch.Tensor], dynamic_dims: Sequence[int], batched: bool
 ) -> Tuple[Tuple[TensorConfig, ...], Tuple[TensorConfig, ...]]:
     """Triton inputs and outputs of ``model``: inputs from the examples (dynamic dims -1), outputs
-    from two eager runs (at the examples' sizes and one row more at each dynamic dim: a size
-    that changes is -1). With ``batched``, dims leave out dim 0, which every output must share
+    from two eager runs (at the examples' sizes and larger ones at each dynamic dim, one row
+    more or, where the model refuses that, the largest power of two dividing the size more: a
+    size that changes is -1). With ``batched``, dims leave out dim 0, which every output must share
     with the inputs (ValueError otherwise)."""
     dims = sorted(set(dynamic_dims))
     with torch.no_grad():
         first = _leaves(model(*example_inputs))
-        try:
-            second = _leaves(model(*(_grown(t, dims) for t in example_inputs)))
-        except RuntimeError as e:
+        for step in _GROWTHS:
+            try:
+                second = _leaves(model(*(_grown(t, dims, step) for t in example_inputs)))
+                break
+            except RuntimeError as e:
+                error = e
+        else:
             raise ValueError(
-                f"customops: the model fails with one more row at its dynamic dims {dims}, so a Triton config "
-                f"cannot make them dynamic ({str(e).strip().splitlines()[0]}). " + _batch_hint(example_inputs)
-            ) from e
+                f"customops: the model fails with one more row, and with the largest power of two that divides "
+                f"the size more, at its dynamic dims {dims}, so a Triton config cannot make them dynamic "
+                f"({str(error).strip().splitlines()[0]}). " + _batch_hint(example_inputs)
+            ) from error
     inputs = tuple(
         TensorConfig(f"INPUT__{i}", triton_dtype(t.dtype), tuple(-1 if d in dims else s for d, s in enumerate(t.shape)))
         for i, t in enumerate(example_inputs)
@@ -265,6 +281,7 @@ def write_triton_repositories(
     batching = DynamicBatching(max_queue_delay_us) if batched else None
     max_batch = max_batch_size if batched else 0
     library = library_path()
+    example_dims = "|".join(",".join(str(d) for d in t.shape[1 if batched else 0 :]) for t in example_inputs)
     final = os.path.join(out_dir, REPOSITORY_DIR)
     preload = preload_command(os.path.join(os.path.abspath(final), "pytorch"), library)
     repos = {"pytorch": [], "python": []}
@@ -295,7 +312,7 @@ def write_triton_repositories(
                     backend="python",
                     dynamic_batching=batching,
                     instance_kind=kind,
-                    parameters=(("customops_model_file", "model.pt"),),
+                    parameters=(("customops_model_file", "model.pt"), (EXAMPLE_DIMS_PARAMETER, example_dims)),
                 ),
                 {"model.pt": files["pt"], "model.py": PYTHON_MODEL_SOURCE},
                 "Triton Python backend: model.py runs model.pt through customops.export.load_torchscript\n"

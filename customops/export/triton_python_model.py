@@ -14,6 +14,7 @@ from torch.utils import dlpack
 
 import customops
 from customops.export import load_torchscript
+from customops.export._common import one_line_error
 
 
 class TritonPythonModel:
@@ -52,5 +53,7 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             return responses
         except Exception as e:  # noqa: BLE001 - any model error becomes the requests' error responses
-            error = pb_utils.TritonError(f"customops: {type(e).__name__}: {e}")
-            return [pb_utils.InferenceResponse(error=error) for _ in requests]
+            # One TritonError per response: the backend frees each response's error, and a shared
+            # one crashed tritonserver (SIGSEGV) when a batch of several requests failed.
+            message = f"customops: {one_line_error(e, with_type=True)}"
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(message)) for _ in requests]

@@ -18,7 +18,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from customops.export.triton import REPOSITORY_DIR, torch_dtype
+from customops.export._common import one_line_error
+from customops.export.triton import EXAMPLE_DIMS_PARAMETER, REPOSITORY_DIR, torch_dtype
 
 
 def use_this_interpreters_libpython(env=os.environ) -> None:
@@ -57,6 +58,12 @@ class ServedModel:
 
 class ServeError(Exception):
     """A model that cannot be served; the message is one line for the command line."""
+
+
+class ModelError(Exception):
+    """The model raised for a batch of requests: each request's error response names the
+    model's exception in one line (a TorchScript model's own exception, not the interpreter's
+    tracebacks)."""
 
 
 def read_model_config(path: str):
@@ -105,7 +112,7 @@ def load_served_model(exported: str, name: str = "model", fmt: str = "auto", dev
         else:
             run = load_aoti(path)
     except (RuntimeError, ImportError) as e:
-        raise ServeError(_one_line(e)) from e
+        raise ServeError(one_line_error(e)) from e
     inputs = [TensorSpec(t.name, _dtype(t.data_type), tuple(t.dims)) for t in config.input]
     outputs = [TensorSpec(t.name, _dtype(t.data_type), tuple(t.dims)) for t in config.output]
     for t in inputs + outputs:
@@ -113,21 +120,28 @@ def load_served_model(exported: str, name: str = "model", fmt: str = "auto", dev
             raise ServeError(f"{t.name} is bfloat16, which numpy (and so PyTriton) lacks; serve the model in float32")
     served = ServedModel(name, path, inputs, outputs, run, torch.device(device), config.max_batch_size)
     try:
-        example = [torch.zeros((1,) + tuple(1 if d < 0 else d for d in t.dims), dtype=t.dtype) for t in inputs]
+        example = [torch.zeros(shape, dtype=t.dtype) for t, shape in zip(inputs, _example_shapes(config, inputs))]
         _call(served, example)
     except Exception as e:  # noqa: BLE001 - any failure of the model's first run ends the start
-        raise ServeError(f"{path} fails on a batch of one row: {type(e).__name__}: {_one_line(e)}") from e
+        raise ServeError(f"{path} fails on a batch of one row: {one_line_error(e, with_type=True)}") from e
     return served
 
 
-def _one_line(e: Exception) -> str:
-    """The first line of ``e``'s message that says something (torch's messages start with one
-    that ends in a colon, or with an empty one)."""
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        if not line.endswith(":") or i + 1 == len(lines):
-            return " ".join(lines[: i + 1])
-    return type(e).__name__
+def _example_shapes(config, inputs: List[TensorSpec]) -> List[Tuple[int, ...]]:
+    """Shapes of the start-up run, one row where the config batches: the exporter's example sizes
+    where the config records them (EXAMPLE_DIMS_PARAMETER), else 1 at each dynamic dim."""
+    recorded = (
+        config.parameters[EXAMPLE_DIMS_PARAMETER].string_value if EXAMPLE_DIMS_PARAMETER in config.parameters else ""
+    )
+    entries = recorded.split("|") if recorded else []
+    batch = (1,) if config.max_batch_size > 0 else ()
+    shapes = []
+    for i, t in enumerate(inputs):
+        sizes = [int(d) for d in entries[i].split(",") if d] if len(entries) == len(inputs) else []
+        if len(sizes) != len(t.dims) or any(d >= 0 and d != s for d, s in zip(t.dims, sizes)):
+            sizes = [1 if d < 0 else d for d in t.dims]
+        shapes.append(batch + tuple(sizes))
+    return shapes
 
 
 def _dtype(data_type: int) -> torch.dtype:
@@ -177,7 +191,10 @@ def infer_function(served: ServedModel, stats: Optional[BatchStats] = None) -> C
         tensors = [[torch.from_numpy(np.array(r[t.name])) for t in served.inputs] for r in requests]
         rows = [ts[0].shape[0] for ts in tensors]
         batch = [torch.cat(parts) for parts in zip(*tensors)] if len(requests) > 1 else tensors[0]
-        outs = [o.cpu().numpy() for o in _call(served, batch)]
+        try:
+            outs = [o.cpu().numpy() for o in _call(served, batch)]
+        except Exception as e:  # noqa: BLE001 - the model's error, in one line, for every request of the batch
+            raise ModelError(one_line_error(e, with_type=True)) from None
         if stats is not None:
             stats.record(len(requests), sum(rows))
         bounds = np.cumsum([0] + rows)

@@ -60,9 +60,11 @@ class Server:
     """``python -m customops.serve`` in a subprocess on loopback ports; ``stop()`` sends SIGTERM and
     returns (exit status, the batch summary the server printed)."""
 
-    def __init__(self, exported: str, *extra: str, startup_timeout: float = 180.0):
+    def __init__(self, exported: str, *extra: str, name: str = "model", startup_timeout: float = 180.0):
         self.http, self.grpc, self.metrics = free_ports(3)
-        cmd = [sys.executable, "-m", "customops.serve", exported, "--host", "127.0.0.1", "--port", str(self.http)]
+        self.name = name
+        cmd = [sys.executable, "-m", "customops.serve", exported, "--name", name, "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.http)]
         cmd += ["--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics), *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: List[str] = []
@@ -87,7 +89,7 @@ class Server:
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.url}/v2/models/model/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.name}/ready", timeout=2) as r:
                 return r.status == 200
         except OSError:
             return False
