@@ -214,15 +214,10 @@ class SizeExpr {
   std::optional<int64_t> sum() {
     std::optional<int64_t> v = product();
     while (v) {
-      if (eat("+")) {
-        const auto r = product();
-        v = r ? std::optional<int64_t>(*v + *r) : std::nullopt;
-      } else if (eat("-")) {
-        const auto r = product();
-        v = r ? std::optional<int64_t>(*v - *r) : std::nullopt;
-      } else {
-        break;
-      }
+      const int sign = eat("+") ? 1 : eat("-") ? -1 : 0;
+      if (sign == 0) break;
+      const auto r = product();
+      v = r ? std::optional<int64_t>(*v + sign * *r) : std::nullopt;
     }
     return v;
   }
