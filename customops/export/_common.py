@@ -184,6 +184,7 @@ class _MinimumSearch:
     def __init__(self, inputs):
         self.inputs = inputs
         self.bounds = {}  # dim name -> [largest rejected minimum, smallest accepted minimum or None]
+        self.probed = set()  # dims whose first accepted minimum less one has been tried
 
     def rejected(self, spec, names):
         """The next spec to try after torch.export refused ``spec`` for the dims ``names``, or None
@@ -220,8 +221,15 @@ class _MinimumSearch:
         return _with_minima(spec, moved) if _minima(_with_minima(spec, moved)) != _minima(spec) else None
 
     def _next(self, name):
+        # One below the first accepted minimum first: behind strides the doubling lands on the
+        # answer (2^k + 1), which one more export confirms, where bisecting would take k.
         lo, hi = self.bounds[name]
-        return hi if hi - lo <= 1 else (lo + hi) // 2
+        if hi - lo <= 1:
+            return hi
+        if name not in self.probed:
+            self.probed.add(name)
+            return hi - 1
+        return (lo + hi) // 2
 
 
 def _with_minima(spec, minima):
