@@ -177,9 +177,10 @@ class _MinimumSearch:
     """The smallest minimum of each dynamic dim that torch.export accepts, where a guard that
     torch suggests no fix for (``H - 2 != 1``: an output of one pixel would be specialised) rules
     values out. Such a dim's minimum doubles (2, 3, 5, 9, ...; a network of total stride 2^k
-    exports from 2^k + 1), capped at its example's size, until torch.export accepts it, then is
-    bisected down to the smallest accepted. This assumes that a minimum above an accepted one is
-    accepted too, which holds where output sizes grow with the input's (convolutions, pooling)."""
+    exports from 2^k + 1), capped at its example's size, until torch.export accepts it; then one
+    less is tried, then the rest bisected, down to the smallest accepted. This assumes that a
+    minimum above an accepted one is accepted too, which holds where output sizes grow with the
+    input's (convolutions, pooling)."""
 
     def __init__(self, inputs):
         self.inputs = inputs
@@ -207,7 +208,8 @@ class _MinimumSearch:
                 self.bounds[name][1] = dim.min
             if name in self.bounds:
                 moved[name] = self._next(name)
-        return _with_minima(spec, moved) if moved else None
+        new = _with_minima(spec, moved)
+        return new if _minima(new) != _minima(spec) else None  # None: nothing left to move
 
     def accepted(self, spec):
         """The next spec to try after torch.export accepted ``spec``, or None where every searched
