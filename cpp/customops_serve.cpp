@@ -13,6 +13,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdlib>
 #include <chrono>
@@ -197,6 +198,25 @@ class SizeExpr {
     return v && p.skip_spaces() == p.e_.size() ? v : std::nullopt;
   }
 
+  // The names in e that values lacks (function names excluded).
+  static std::vector<std::string> unknowns(const std::string& e, const std::map<std::string, int64_t>& values) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < e.size();) {
+      if (!std::isalpha(static_cast<unsigned char>(e[i])) && e[i] != '_') {
+        ++i;
+        continue;
+      }
+      const size_t start = i;
+      while (i < e.size() && (std::isalnum(static_cast<unsigned char>(e[i])) || e[i] == '_')) ++i;
+      const std::string name = e.substr(start, i - start);
+      const bool call = i < e.size() && e[i] == '(';
+      if (!call && !values.count(name) && std::find(names.begin(), names.end(), name) == names.end()) {
+        names.push_back(name);
+      }
+    }
+    return names;
+  }
+
  private:
   SizeExpr(const std::string& e, const std::map<std::string, int64_t>& values) : e_(e), values_(values) {}
 
@@ -284,6 +304,28 @@ void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::st
     const auto bare = first.find(exprs[i]);
     if (bare != first.end() && bare->second == i) continue;
     if (exprs[i].find_first_not_of("0123456789") == std::string::npos) continue;  // a size: checked_input's
+    const std::vector<std::string> unknown = SizeExpr::unknowns(exprs[i], values);
+    if (unknown.size() == 1) {  // a symbol with no dim of its own: solve a * s + b = size for it
+      std::map<std::string, int64_t> at = values;
+      std::array<std::optional<int64_t>, 4> f;
+      const std::array<int64_t, 4> points = {0, 1, 2, 7};
+      for (size_t k = 0; k < points.size(); ++k) {
+        at[unknown[0]] = points[k];
+        f[k] = SizeExpr::eval(exprs[i], at);
+      }
+      if (!f[0] || !f[1] || !f[2] || !f[3]) continue;
+      const int64_t b = *f[0], a = *f[1] - *f[0];
+      if (a <= 0 || *f[2] != 2 * a + b || *f[3] != 7 * a + b) continue;  // not affine and growing: not checked
+      const int64_t r = ((x.size(i) - b) % a + a) % a;  // Python's modulo
+      if (r != 0) {
+        throw std::runtime_error(
+            "model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) + ": its dim " +
+            std::to_string(i) + " is " + std::to_string(x.size(i)) + ", where the package takes sizes of the form " +
+            exprs[i] + " (such as " + std::to_string(x.size(i) - r) + " or " + std::to_string(x.size(i) - r + a) + ")");
+      }
+      values[unknown[0]] = (x.size(i) - b) / a;
+      continue;
+    }
     const std::optional<int64_t> expected = SizeExpr::eval(exprs[i], values);
     if (!expected || *expected == x.size(i)) continue;
     int64_t tie = x.dim();  // the first dim of a symbol that the expression uses

@@ -286,6 +286,30 @@ def test_aoti_package_refuses_inputs_whose_tied_dims_disagree(dynamic_dims, tmp_
             runner(*good[:2], torch.randn(B, 9, 4, 4))
 
 
+class _EvenSides(nn.Module):
+    # A stride-2 layer's output upsampled and added to the input: the package records H and W as
+    # 2*s1 and 2*s2, symbols with no dim of their own; the compiled code would crop an odd side.
+    def __init__(self):
+        super().__init__()
+        self.down = customops.nn.ModulatedDeformConv2d(3, 3, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        return x + nn.functional.interpolate(self.down(x), scale_factor=2.0)
+
+
+@needs_aoti_python_loading
+def test_aoti_package_refuses_sizes_that_are_not_multiples_of_its_stride(tmp_path):
+    model = _EvenSides().eval()
+    path = export_aoti(model, torch.randn(2, 3, 8, 12), str(tmp_path / "m.pt2"), dynamic_dims=(0, 2, 3))
+    runner = load_aoti(path)
+    x = torch.randn(1, 3, 6, 10)
+    torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(
+        RuntimeError, match=r"its dim 2 is 7, where the package takes sizes of the form 2\*s\d+ \(such as 6 or 8\)"
+    ):
+        runner(torch.randn(1, 3, 7, 8))
+
+
 def test_dynamic_spatial_dims_onnx_strided_and_offsets_input(tmp_path):
     # A stride-4 network, and DeformConv2d with the offsets as a second input (its H and W tied to
     # the input's by torch's suggested fixes), exported with dynamic H and W, run at other sizes.

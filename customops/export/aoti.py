@@ -134,8 +134,10 @@ def _parse_input_dims(text: str):
 
 
 def _check_tied_dims(path: str, dims, tensors: Sequence[torch.Tensor]) -> None:
-    """Each symbol of ``dims`` takes the size of its first dim among ``tensors``; every dim whose
-    expression it determines must then have the size the expression gives."""
+    """Each symbol of ``dims`` takes the size of its first dim among ``tensors``, or, where it
+    has none of its own, the value that solves the first affine expression of it alone
+    (``4*s0``: the size over 4, which must divide it); every dim whose expression the symbols
+    determine must then have the size the expression gives."""
     first = {}  # symbol -> (input, dim, size)
     for i, (t, exprs) in enumerate(zip(tensors, dims)):
         for d, (size, e) in enumerate(zip(t.shape, exprs)):
@@ -144,19 +146,46 @@ def _check_tied_dims(path: str, dims, tensors: Sequence[torch.Tensor]) -> None:
     values = {sym: size for sym, (_, _, size) in first.items()}
     for i, (t, exprs) in enumerate(zip(tensors, dims)):
         for d, (size, e) in enumerate(zip(t.shape, exprs)):
-            if e.is_Number or not e.free_symbols <= values.keys():
+            if e.is_Number:
+                continue
+            unknown = e.free_symbols - values.keys()
+            if len(unknown) == 1:
+                _solve_affine(path, e, unknown.pop(), size, values, i, d, tensors)
+                continue
+            if unknown:
                 continue
             try:
                 expected = int(e.subs(values))
             except (TypeError, ValueError):  # a function of torch's that sympy does not evaluate
                 continue
             if size != expected:
-                j, k, _ = first[next(iter(e.free_symbols))]
+                j, k, _ = first.get(next(iter(e.free_symbols)), (i, d, None))
                 raise RuntimeError(
                     f"customops: AOTInductor package {path!r} refused input {i} of shape {list(t.shape)}: its dim {d} "
                     f"is {size}, where the package ties it to dim {k} of input {j} ({str(e)} at export) and so "
                     f"expects {expected}; inputs' shapes {[list(x.shape) for x in tensors]}"
                 )
+
+
+def _solve_affine(path, e, sym, size, values, i, d, tensors) -> None:
+    """Sets ``values[sym]`` to the solution of ``e == size`` where ``e`` is ``a*sym + b``; raises
+    RuntimeError where no integer solves it (a size that is not a multiple of the stride the
+    package was exported for). Leaves ``values`` as it is for other expressions."""
+    try:
+        at = [int(e.subs({**values, sym: v})) for v in (0, 1, 2, 7)]
+    except (TypeError, ValueError):
+        return
+    b, a = at[0], at[1] - at[0]
+    if a <= 0 or at[2] != 2 * a + b or at[3] != 7 * a + b:
+        return
+    if (size - b) % a != 0:
+        below = size - (size - b) % a
+        raise RuntimeError(
+            f"customops: AOTInductor package {path!r} refused input {i} of shape {list(tensors[i].shape)}: its dim "
+            f"{d} is {size}, where the package takes sizes of the form {str(e)} (such as {below} or {below + a}); "
+            f"inputs' shapes {[list(x.shape) for x in tensors]}"
+        )
+    values[sym] = (size - b) // a
 
 
 def load_aoti(path: str):
