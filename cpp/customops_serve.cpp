@@ -324,6 +324,7 @@ void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::st
             exprs[i] + " (such as " + std::to_string(x.size(i) - r) + " or " + std::to_string(x.size(i) - r + a) + ")");
       }
       values[unknown[0]] = (x.size(i) - b) / a;
+      first[unknown[0]] = i;
       continue;
     }
     const std::optional<int64_t> expected = SizeExpr::eval(exprs[i], values);

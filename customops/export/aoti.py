@@ -149,8 +149,20 @@ def _check_tied_dims(path: str, dims, tensors: Sequence[torch.Tensor]) -> None:
             if e.is_Number:
                 continue
             unknown = e.free_symbols - values.keys()
-            if len(unknown) == 1:
-                _solve_affine(path, e, unknown.pop(), size, values, i, d, tensors)
+            if len(unknown) == 1:  # a symbol with no dim of its own: a*sym + b = size gives it
+                sym = unknown.pop()
+                coefficients = _affine_coefficients(e.subs(values), sym)
+                if coefficients is None:
+                    continue
+                a, b = coefficients
+                if (size - b) % a != 0:
+                    below = size - (size - b) % a
+                    raise RuntimeError(
+                        f"customops: AOTInductor package {path!r} refused input {i} of shape {list(t.shape)}: its dim "
+                        f"{d} is {size}, where the package takes sizes of the form {str(e)} (such as {below} or "
+                        f"{below + a}); inputs' shapes {[list(x.shape) for x in tensors]}"
+                    )
+                values[sym], first[sym] = (size - b) // a, (i, d, size)
                 continue
             if unknown:
                 continue
@@ -167,25 +179,19 @@ def _check_tied_dims(path: str, dims, tensors: Sequence[torch.Tensor]) -> None:
                 )
 
 
-def _solve_affine(path, e, sym, size, values, i, d, tensors) -> None:
-    """Sets ``values[sym]`` to the solution of ``e == size`` where ``e`` is ``a*sym + b``; raises
-    RuntimeError where no integer solves it (a size that is not a multiple of the stride the
-    package was exported for). Leaves ``values`` as it is for other expressions."""
+def _affine_coefficients(e, sym):
+    """(a, b) where ``e`` is ``a*sym + b`` with integers a > 0 and b, else None (a floor
+    division, say, which is not checked)."""
+    import sympy
+
     try:
-        at = [int(e.subs({**values, sym: v})) for v in (0, 1, 2, 7)]
-    except (TypeError, ValueError):
-        return
-    b, a = at[0], at[1] - at[0]
-    if a <= 0 or at[2] != 2 * a + b or at[3] != 7 * a + b:
-        return
-    if (size - b) % a != 0:
-        below = size - (size - b) % a
-        raise RuntimeError(
-            f"customops: AOTInductor package {path!r} refused input {i} of shape {list(tensors[i].shape)}: its dim "
-            f"{d} is {size}, where the package takes sizes of the form {str(e)} (such as {below} or {below + a}); "
-            f"inputs' shapes {[list(x.shape) for x in tensors]}"
-        )
-    values[sym] = (size - b) // a
+        poly = sympy.Poly(e, sym)
+    except sympy.PolynomialError:
+        return None
+    coefficients = poly.all_coeffs()
+    if poly.degree() != 1 or not all(c.is_Integer for c in coefficients) or coefficients[0] <= 0:
+        return None
+    return int(coefficients[0]), int(coefficients[1])
 
 
 def load_aoti(path: str):
