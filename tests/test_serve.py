@@ -4,6 +4,7 @@ server keeps serving, SIGTERM finishing accepted requests, startup failures as o
 exporter's Python-backend repository served by the same tritonserver binary."""
 
 import concurrent.futures
+import dataclasses
 import http.client
 import json
 import os
@@ -26,7 +27,8 @@ pytest.importorskip("pytriton", reason="nvidia-pytriton is not installed (pip in
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient is not installed")
 
 from customops.export import export_model  # noqa: E402
-from customops.serve.loadtest import Server, free_ports, metric, run_clients  # noqa: E402
+from customops.serve import loadtest  # noqa: E402
+from customops.serve.loadtest import Server, free_ports, metric, module_workload, run_clients  # noqa: E402
 from test_export import ThreeOpModel  # noqa: E402
 
 FEATURES = 12
@@ -70,7 +72,9 @@ def error_of(call) -> str:
 
 
 def test_load_test_matches_eager_and_batches(server, model):
-    result = run_clients(server.url, model, clients=4, requests=200, max_rows=MAX_BATCH, seed=0, features=FEATURES)
+    result = run_clients(
+        server.url, module_workload(model, FEATURES), clients=4, requests=200, max_rows=MAX_BATCH, seed=0
+    )
     assert result["errors"] == [] and len(result["latencies"]) == 200
 
 
@@ -94,7 +98,7 @@ def test_bad_request_is_an_error_and_the_server_keeps_serving(server, model, cas
     x, datatype, shape, message = BAD_REQUESTS[case]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # Another client's requests in flight meanwhile.
-        others = pool.submit(run_clients, server.url, model, 1, 20, MAX_BATCH, 1, FEATURES)
+        others = pool.submit(run_clients, server.url, module_workload(model, FEATURES), 1, 20, MAX_BATCH, 1)
         assert message in error_of(lambda: infer(server.url, x, datatype, shape))
         assert others.result()["errors"] == []
     good = np.random.default_rng(0).standard_normal((5, FEATURES), dtype=np.float32)
@@ -209,6 +213,33 @@ def test_deform_network_of_dynamic_image_sizes(skipnet_exported, skipnet):
         code, summary = server.stop()
         server.kill()
     assert code == 0, "".join(server.lines[-20:])
+
+
+def test_load_test_of_an_exported_deform_network(skipnet_exported, tmp_path, capsys):
+    # Requests at the export's example sizes (8x12), each response checked against the same
+    # TorchScript file run in the client's process.
+    out = tmp_path / "loadtest.md"
+    args = [skipnet_exported, "--name", "skipnet", "--clients", "3", "--requests", "24", "--max-rows", "4"]
+    assert loadtest.main(args + ["--max-queue-delay-us", "20000", "--out", str(out)]) == 0, capsys.readouterr().out
+    report = out.read_text()
+    assert "skipnet.pt: INPUT__0 float32 (rows, 3, 8, 12)" in report, report
+    row = next(line for line in report.splitlines() if line.startswith("| 3 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:3] == ["24", "0"], row  # requests, errors
+    assert int(cells[7]) >= 1 and int(cells[8]) >= 1, row  # Triton executions, forward calls
+
+
+def test_load_test_counts_wrong_outputs(server, model):
+    # The same requests against a reference that differs by 1e-3: every response is counted wrong.
+    good = module_workload(model, FEATURES)
+    off = dataclasses.replace(good, reference=lambda xs: [y + 1e-3 for y in good.reference(xs)])
+    result = run_clients(server.url, off, clients=2, requests=6, max_rows=MAX_BATCH, seed=0)
+    assert len(result["errors"]) == 6 and all(e.startswith("wrong output") for e in result["errors"]), result
+
+
+def test_load_test_refuses_a_missing_export(tmp_path, capsys):
+    assert loadtest.main([str(tmp_path / "nowhere"), "--requests", "1"]) == 1
+    assert "is not a folder of exported files" in capsys.readouterr().err
 
 
 def test_sigterm_finishes_accepted_requests_and_reports_batches(exported, model):
@@ -333,7 +364,7 @@ def test_python_backend_repository_in_tritonserver(exported, model, skipnet_expo
         x = np.random.default_rng(0).standard_normal((6, FEATURES), dtype=np.float32)
         np.testing.assert_allclose(infer(url, x), model(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6)
         assert "unexpected shape" in error_of(lambda: infer(url, np.zeros((2, 5), np.float32)))
-        result = run_clients(url, model, clients=4, requests=40, max_rows=MAX_BATCH, seed=3, features=FEATURES)
+        result = run_clients(url, module_workload(model, FEATURES), clients=4, requests=40, max_rows=MAX_BATCH, seed=3)
         assert result["errors"] == []
         check_deform_model_served(url, "skipnet", skipnet)
     finally:

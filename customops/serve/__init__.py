@@ -54,6 +54,7 @@ class ServedModel:
     run: Callable
     device: torch.device
     max_batch_size: int  # the exported config's
+    example_shapes: List[Tuple[int, ...]]  # of the start-up run: one row where the config batches
 
 
 class ServeError(Exception):
@@ -118,9 +119,10 @@ def load_served_model(exported: str, name: str = "model", fmt: str = "auto", dev
     for t in inputs + outputs:
         if t.dtype == torch.bfloat16:
             raise ServeError(f"{t.name} is bfloat16, which numpy (and so PyTriton) lacks; serve the model in float32")
-    served = ServedModel(name, path, inputs, outputs, run, torch.device(device), config.max_batch_size)
+    shapes = _example_shapes(config, inputs)
+    served = ServedModel(name, path, inputs, outputs, run, torch.device(device), config.max_batch_size, shapes)
     try:
-        example = [torch.zeros(shape, dtype=t.dtype) for t, shape in zip(inputs, _example_shapes(config, inputs))]
+        example = [torch.zeros(shape, dtype=t.dtype) for t, shape in zip(inputs, shapes)]
         _call(served, example)
     except Exception as e:  # noqa: BLE001 - any failure of the model's first run ends the start
         raise ServeError(f"{path} fails on a batch of one row: {one_line_error(e, with_type=True)}") from e

@@ -1,19 +1,25 @@
 """A bounded load test of ``python -m customops.serve`` on loopback.
 
-    python -m customops.serve.loadtest [--clients 1 4 16] [--requests 400] [--max-rows 64] \\
-        [--max-batch 256] [--max-queue-delay-us 2000] [--device cpu] [--seed 0] [--out results.md]
+    python -m customops.serve.loadtest [EXPORTED [--name model] [--format auto|pt|pt2]] \\
+        [--clients 1 4 16] [--requests 400] [--max-rows 64] [--max-batch N] \\
+        [--max-queue-delay-us 2000] [--device cpu] [--seed 0] [--out results.md]
 
-Exports a model of customops' ops (the main job's MLP: FusedLinearSigmoid 64->128->64, then
-nn.Linear to 10, seeded weights) to TorchScript in a temporary folder, and for each client count
-K starts the server on free loopback ports, sends ``--requests`` requests from K concurrent
-clients (tritonclient over HTTP; each request 1..``--max-rows`` rows of seeded random input),
-checks every response against the eager model, reads Triton's metrics, stops the server with
-SIGTERM and prints, per K: throughput, p50/p99 latency, errors (a failed request or a wrong
-output; the exit status is 1 if any) and the batches that Triton formed (requests and rows per
-forward call, as the server counted them).
+With ``EXPORTED`` (a folder that ``python -m customops.export`` wrote), it serves that model;
+each request is 1..``--max-rows`` rows at the export's example sizes, of seeded random values (floating inputs standard
+normal, integers 0..7, booleans either), and each response is checked against the same model
+file run in this process on that request alone. Without it, it serves the main job's MLP
+(FusedLinearSigmoid 64->128->64, then nn.Linear to 10, seeded weights), exported to TorchScript
+in a temporary folder, and checks against eager.
+
+For each client count K it starts the server on free loopback ports, sends ``--requests``
+requests from K concurrent clients (tritonclient over HTTP), reads Triton's metrics, stops the
+server with SIGTERM and prints, per K: throughput, p50/p99 latency, errors (a failed request or
+a wrong output; the exit status is 1 if any) and the batches that Triton formed (requests and
+rows per forward call, as the server counted them).
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -28,7 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -126,13 +132,78 @@ def metric(text: str, name: str, model: str = "model") -> float:
     return 0.0
 
 
-def run_clients(
-    url: str, model: nn.Module, clients: int, requests: int, max_rows: int, seed: int, features: int = IN_FEATURES
-) -> Dict:
-    """Sends ``requests`` requests of (1..max_rows, features) float32 inputs to model ``model`` at
-    ``url`` from ``clients`` threads, each output checked against eager ``model``; returns
+@dataclasses.dataclass
+class Workload:
+    """What the clients send to model ``name`` and how each response is checked: per input its
+    name, numpy dtype and shape without the batch dim; ``reference`` maps a request's arrays to
+    the expected outputs (``outputs``, in order). The first dim of each is the batch."""
+
+    name: str
+    inputs: List[Tuple[str, np.dtype, Tuple[int, ...]]]
+    outputs: List[str]
+    reference: Callable[[List[np.ndarray]], List[np.ndarray]]
+    description: str = ""
+
+    def request(self, rng: np.random.Generator, max_rows: int) -> List[np.ndarray]:
+        rows = int(rng.integers(1, max_rows + 1))
+        return [_random_array(rng, dtype, (rows,) + shape) for _, dtype, shape in self.inputs]
+
+
+def _random_array(rng: np.random.Generator, dtype: np.dtype, shape: Tuple[int, ...]) -> np.ndarray:
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 8, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _close(y: np.ndarray, ref: np.ndarray) -> bool:
+    """Whether a served output matches the reference's: within 1e-4 (float32; 1e-2 in 16 bits,
+    1e-9 in float64; exact otherwise), as batching changes the kernels' order of summation."""
+    if y is None or y.shape != ref.shape:
+        return False
+    if not np.issubdtype(ref.dtype, np.floating):
+        return bool(np.array_equal(y, ref))
+    rtol = {2: 1e-2, 4: 1e-4}.get(ref.dtype.itemsize, 1e-9)
+    return bool(np.allclose(y, ref, rtol=rtol, atol=rtol / 10, equal_nan=True))
+
+
+def module_workload(model: nn.Module, features: int = IN_FEATURES, name: str = "model") -> Workload:
+    """Requests of (rows, features) float32 to a model exported from ``model``, checked against eager."""
+
+    def reference(xs):
+        with torch.no_grad():
+            return [model(torch.from_numpy(xs[0])).numpy()]
+
+    return Workload(name, [("INPUT__0", np.dtype(np.float32), (features,))], ["OUTPUT__0"], reference)
+
+
+def exported_workload(exported: str, name: str = "model", fmt: str = "auto", device: str = "cpu") -> Workload:
+    """Requests to the model that customops.export wrote to ``exported``, at its example sizes,
+    checked against the same model file loaded here (customops.serve's loader). Raises ServeError."""
+    from . import ServeError, _call, load_served_model
+
+    served = load_served_model(exported, name, fmt, device)
+    if served.max_batch_size < 1:
+        raise ServeError(f"{served.path}: its config does not batch (max_batch_size 0), and customops.serve batches")
+    inputs = [
+        (t.name, np.dtype(str(t.dtype).removeprefix("torch.")), tuple(shape[1:]))
+        for t, shape in zip(served.inputs, served.example_shapes)
+    ]
+
+    def reference(xs):
+        return [o.cpu().numpy() for o in _call(served, [torch.from_numpy(x) for x in xs])]
+
+    sizes = ", ".join(f"{n} {d} (rows, {', '.join(map(str, s))})" for n, d, s in inputs)
+    return Workload(name, inputs, [t.name for t in served.outputs], reference, f"{served.path}: {sizes}")
+
+
+def run_clients(url: str, workload: Workload, clients: int, requests: int, max_rows: int, seed: int) -> Dict:
+    """Sends ``requests`` requests of ``workload`` (1..max_rows rows each) to ``url`` from
+    ``clients`` threads, each response checked against the workload's reference; returns
     ``seconds``, ``latencies`` (s, of the correct responses), ``errors`` (messages), ``rows``."""
     import tritonclient.http as httpclient
+    from tritonclient.utils import np_to_triton_dtype
 
     latencies, errors, rows = [], [], [0]
     lock = threading.Lock()
@@ -143,25 +214,28 @@ def run_clients(
         conn = httpclient.InferenceServerClient(url, connection_timeout=60, network_timeout=120)
         try:
             for _ in range(counts[i]):
-                x = rng.standard_normal((int(rng.integers(1, max_rows + 1)), features), dtype=np.float32)
-                inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
-                inp.set_data_from_numpy(x, binary_data=True)
+                xs = workload.request(rng, max_rows)
+                inputs = []
+                for (input_name, _, _), x in zip(workload.inputs, xs):
+                    inp = httpclient.InferInput(input_name, list(x.shape), np_to_triton_dtype(x.dtype))
+                    inp.set_data_from_numpy(x, binary_data=True)
+                    inputs.append(inp)
                 start = time.perf_counter()
                 try:
-                    y = conn.infer("model", [inp]).as_numpy("OUTPUT__0")
+                    result = conn.infer(workload.name, inputs)
                 except Exception as e:  # noqa: BLE001 - every failure is counted, by its message
                     with lock:
                         errors.append(f"{type(e).__name__}: {e}")
                     continue
                 elapsed = time.perf_counter() - start
-                with torch.no_grad():
-                    ref = model(torch.from_numpy(x)).numpy()
-                ok = y is not None and y.shape == ref.shape and np.allclose(y, ref, rtol=1e-4, atol=1e-5)
+                ys = [result.as_numpy(n) for n in workload.outputs]
+                ok = all(_close(y, ref) for y, ref in zip(ys, workload.reference(xs)))
+                n = xs[0].shape[0]
                 with lock:
                     latencies.append(elapsed)
-                    rows[0] += x.shape[0]
+                    rows[0] += n
                     if not ok:
-                        errors.append(f"wrong output for a batch of {x.shape[0]} rows")
+                        errors.append(f"wrong output for a request of {n} rows")
         finally:
             conn.close()
 
@@ -181,20 +255,22 @@ def percentile(values: List[float], q: float) -> float:
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def run_level(exported: str, model: nn.Module, clients: int, args) -> Dict:
-    extra = ["--max-batch", str(args.max_batch), "--max-queue-delay-us", str(args.max_queue_delay_us)]
-    server = Server(exported, *extra, "--device", args.device)
+def run_level(exported: str, workload: Workload, clients: int, args) -> Dict:
+    extra = ["--max-queue-delay-us", str(args.max_queue_delay_us), "--device", args.device, "--format", args.format]
+    if args.max_batch is not None:
+        extra += ["--max-batch", str(args.max_batch)]
+    server = Server(exported, *extra, name=workload.name)
     try:
         before = server.metrics_text()
-        result = run_clients(server.url, model, clients, args.requests, args.max_rows, args.seed)
+        result = run_clients(server.url, workload, clients, args.requests, args.max_rows, args.seed)
         after = server.metrics_text()
     except BaseException:
         server.kill()
         raise
     code, summary = server.stop()
     lat = [s * 1e3 for s in result["latencies"]]
-    executions = metric(after, "nv_inference_exec_count") - metric(before, "nv_inference_exec_count")
-    served = metric(after, "nv_inference_request_success") - metric(before, "nv_inference_request_success")
+    count = lambda name: metric(after, name, workload.name) - metric(before, name, workload.name)  # noqa: E731
+    executions, served = count("nv_inference_exec_count"), count("nv_inference_request_success")
     return {
         "clients": clients,
         "requests": args.requests,
@@ -228,10 +304,15 @@ def describe_batches(summary) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m customops.serve.loadtest", description=__doc__.splitlines()[0])
+    parser.add_argument("exported", nargs="?", help="a folder that python -m customops.export wrote (default: the MLP)")
+    parser.add_argument("--name", default="model", help="the exported model's name (--name of the export)")
+    parser.add_argument("--format", default="auto", choices=["auto", "pt", "pt2"], help="auto: pt where it exists")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests", type=int, default=400, help="requests per client count, over all clients")
     parser.add_argument("--max-rows", type=int, default=64, help="rows per request: uniform in 1..max-rows")
-    parser.add_argument("--max-batch", type=int, default=256)
+    parser.add_argument(
+        "--max-batch", type=int, help="the server's --max-batch (default: 256 for the MLP, else the config's)"
+    )
     parser.add_argument("--max-queue-delay-us", type=int, default=2000)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
@@ -239,20 +320,37 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.requests > 100_000 or min(args.clients) < 1 or max(args.clients) > 256:
         parser.error("--requests must be 1..100000 and --clients 1..256 each (the test is bounded)")
-    if not 1 <= args.max_rows <= args.max_batch:
-        parser.error(f"--max-rows must be 1..--max-batch ({args.max_batch})")
 
     import customops
     from customops.export import export_model
 
-    model = make_model()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="customops-loadtest-") as exported:
-        export_model(
-            model, torch.randn(8, IN_FEATURES), exported, formats=("pt",), triton_max_batch_size=args.max_batch
-        )
+    from . import ServeError
+
+    with tempfile.TemporaryDirectory(prefix="customops-loadtest-") as tmp:
+        if args.exported is None:
+            args.max_batch = 256 if args.max_batch is None else args.max_batch
+            model = make_model()
+            exported = tmp
+            export_model(model, torch.randn(8, IN_FEATURES), tmp, formats=("pt",), triton_max_batch_size=args.max_batch)
+            workload = module_workload(model)
+            workload.description = (
+                "FusedLinearSigmoid 64->128, FusedLinearSigmoid 128->64, Linear 64->10 (TorchScript), checked against "
+                "eager"
+            )
+        else:
+            exported = args.exported
+            try:
+                workload = exported_workload(exported, args.name, args.format, args.device)
+            except ServeError as e:
+                print(f"customops.serve.loadtest: error: {e}", file=sys.stderr)
+                return 1
+            workload.description += ", checked against the same file run here on each request alone"
+        max_batch = args.max_batch if args.max_batch is not None else _config_max_batch(exported, args.name)
+        if not 1 <= args.max_rows <= max_batch:
+            parser.error(f"--max-rows must be 1..{max_batch} (the server's max batch)")
+        results = []
         for k in args.clients:
-            r = run_level(exported, model, k, args)
+            r = run_level(exported, workload, k, args)
             results.append(r)
             print(
                 f"clients {k}: {r['ok']}/{r['requests']} ok, {r['ok'] / r['seconds']:.1f} req/s, "
@@ -269,12 +367,11 @@ def main(argv=None) -> int:
         f"# customops.serve load test\n\n"
         f"- date: {datetime.date.today().isoformat()}\n"
         f"- machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; load average "
-        f"at the end {load} (the clients and their eager checks share the cores with the server)\n"
+        f"at the end {load} (the clients and their checks share the cores with the server)\n"
         f"- torch {torch.__version__}, customops {customops.__version__}, device {args.device}\n"
         f"- command: `python -m customops.serve.loadtest {' '.join(argv if argv is not None else sys.argv[1:])}`\n"
-        f"- model: FusedLinearSigmoid 64->128, FusedLinearSigmoid 128->64, Linear 64->10 (TorchScript), "
-        f"max batch {args.max_batch} rows, queue delay {args.max_queue_delay_us} us; requests of 1..{args.max_rows} "
-        "rows, every output checked against eager\n\n"
+        f"- model: {workload.description}; max batch {max_batch} rows, queue delay {args.max_queue_delay_us} us; "
+        f"requests of 1..{args.max_rows} rows\n\n"
     )
     table = [
         "| clients | requests | errors | req/s | rows/s | p50 ms | p99 ms | Triton executions (metrics) | "
@@ -297,6 +394,14 @@ def main(argv=None) -> int:
             f.write(text)
     print(text)
     return 0 if all(r["errors"] == 0 for r in results) else 1
+
+
+def _config_max_batch(exported: str, name: str) -> int:
+    from customops.export.triton import REPOSITORY_DIR
+
+    from . import read_model_config
+
+    return read_model_config(os.path.join(exported, REPOSITORY_DIR, "python", name, "config.pbtxt")).max_batch_size
 
 
 def _cpu_name() -> str:
