@@ -235,11 +235,34 @@ def test_load_test_counts_wrong_outputs(server, model):
     off = dataclasses.replace(good, reference=lambda xs: [y + 1e-3 for y in good.reference(xs)])
     result = run_clients(server.url, off, clients=2, requests=6, max_rows=MAX_BATCH, seed=0)
     assert len(result["errors"]) == 6 and all(e.startswith("wrong output") for e in result["errors"]), result
+    assert result["latencies"] == [] and result["rows"] == 0, result  # only correct responses are timed
 
 
-def test_load_test_refuses_a_missing_export(tmp_path, capsys):
+class OneRowEmbedding(torch.nn.Module):
+    """Takes index 0 only: the start-up run (zeros) passes, the load test's indices 0..7 fail."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(1, 4)
+
+    def forward(self, idx):
+        return self.emb(idx).sum(1)
+
+
+def test_load_test_of_a_model_that_refuses_every_request(tmp_path, capsys):
+    out = str(tmp_path / "emb")
+    export_model(OneRowEmbedding().eval(), torch.zeros(4, 5, dtype=torch.long), out, formats=("pt",))
+    assert loadtest.main([out, "--clients", "2", "--requests", "6", "--max-rows", "4"]) == 1
+    printed = capsys.readouterr().out
+    assert "0/6 ok" in printed and "errors 6" in printed and "no forward call succeeded" in printed, printed
+    assert "index out of range" in printed, printed
+
+
+def test_load_test_refuses_a_missing_export_or_model(skipnet_exported, tmp_path, capsys):
     assert loadtest.main([str(tmp_path / "nowhere"), "--requests", "1"]) == 1
     assert "is not a folder of exported files" in capsys.readouterr().err
+    assert loadtest.main([skipnet_exported, "--requests", "1"]) == 1  # exported as skipnet
+    assert "has no model named 'model'; it has skipnet (--name)" in capsys.readouterr().err
 
 
 def test_sigterm_finishes_accepted_requests_and_reports_batches(exported, model):

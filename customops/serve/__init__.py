@@ -93,6 +93,10 @@ def load_served_model(exported: str, name: str = "model", fmt: str = "auto", dev
     if not os.path.isdir(exported):
         raise ServeError(f"{exported} is not a folder of exported files (python -m customops.export --out {exported})")
     config_path = os.path.join(exported, REPOSITORY_DIR, "python", name, "config.pbtxt")
+    repository = os.path.join(exported, REPOSITORY_DIR, "python")
+    others = sorted(d for d in os.listdir(repository) if d != name) if os.path.isdir(repository) else []
+    if not os.path.isfile(config_path) and others:
+        raise ServeError(f"{exported} has no model named {name!r}; it has {', '.join(others)} (--name)")
     if not os.path.isfile(config_path):
         raise ServeError(
             f"{config_path} is missing: the inputs and outputs come from there, which python -m customops.export "

@@ -232,14 +232,15 @@ def run_clients(url: str, workload: Workload, clients: int, requests: int, max_r
                 ok = all(_close(y, ref) for y, ref in zip(ys, workload.reference(xs)))
                 n = xs[0].shape[0]
                 with lock:
-                    latencies.append(elapsed)
-                    rows[0] += n
-                    if not ok:
+                    if ok:
+                        latencies.append(elapsed)
+                        rows[0] += n
+                    else:
                         errors.append(f"wrong output for a request of {n} rows")
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -264,7 +265,8 @@ def run_level(exported: str, workload: Workload, clients: int, args) -> Dict:
         before = server.metrics_text()
         result = run_clients(server.url, workload, clients, args.requests, args.max_rows, args.seed)
         after = server.metrics_text()
-    except BaseException:
+    except BaseException:  # Ctrl-C too: SIGTERM first, so that customops.serve stops its tritonserver
+        server.stop(timeout=15)
         server.kill()
         raise
     code, summary = server.stop()
@@ -291,6 +293,8 @@ def run_level(exported: str, workload: Workload, clients: int, args) -> Dict:
 def describe_batches(summary) -> str:
     if not summary:
         return "(the server printed no summary)"
+    if not summary["forward_calls"]:
+        return "no forward call succeeded"
     rows = summary["rows_per_call"]
     reqs = summary["requests_per_call"]
     sizes = sorted(int(k) for k in rows)
@@ -320,6 +324,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.requests < 1 or args.requests > 100_000 or min(args.clients) < 1 or max(args.clients) > 256:
         parser.error("--requests must be 1..100000 and --clients 1..256 each (the test is bounded)")
+    if args.max_batch is not None and args.max_batch < 1:
+        parser.error(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_queue_delay_us < 0:
+        parser.error(f"--max-queue-delay-us must be >= 0, got {args.max_queue_delay_us}")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        print(f"customops.serve.loadtest: error: --device {args.device}: no CUDA device is available", file=sys.stderr)
+        return 1
 
     import customops
     from customops.export import export_model
@@ -350,12 +361,16 @@ def main(argv=None) -> int:
             parser.error(f"--max-rows must be 1..{max_batch} (the server's max batch)")
         results = []
         for k in args.clients:
-            r = run_level(exported, workload, k, args)
+            try:
+                r = run_level(exported, workload, k, args)
+            except RuntimeError as e:  # the server did not start: its own message, one line each
+                print(f"customops.serve.loadtest: error: {e}", file=sys.stderr)
+                return 1
             results.append(r)
             print(
                 f"clients {k}: {r['ok']}/{r['requests']} ok, {r['ok'] / r['seconds']:.1f} req/s, "
                 f"{r['rows'] / r['seconds']:.0f} rows/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-                f"errors {r['errors']}; Triton: {r['triton_requests']:.0f} requests in "
+                f"errors {r['errors']}; Triton: {r['triton_requests']:.0f} successful requests in "
                 f"{r['triton_executions']:.0f} executions; batches: {describe_batches(r['server_batches'])}",
                 flush=True,
             )
@@ -385,7 +400,7 @@ def main(argv=None) -> int:
             f"| {r['clients']} | {r['requests']} | {r['errors']} | {r['ok'] / r['seconds']:.1f} | "
             f"{r['rows'] / r['seconds']:.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['triton_executions']:.0f} | "
             f"{s['forward_calls']} | "
-            f"{s['requests'] / max(1, s['forward_calls']):.2f} ({max(int(k) for k in s['requests_per_call'])}) | "
+            f"{s['requests'] / max(1, s['forward_calls']):.2f} ({max(map(int, s['requests_per_call']), default=0)}) | "
             f"{statistics.median(row_sizes) if row_sizes else 0:.0f}, {max(row_sizes) if row_sizes else 0} |"
         )
     text = header + "\n".join(table) + "\n"
