@@ -58,11 +58,11 @@ def server(exported):
     assert code == 0 and summary["requests"] > 0, "".join(s.lines[-20:])
 
 
-def infer(url, x, datatype="FP32", shape=None):
+def infer(url, x, datatype="FP32", shape=None, name="model"):
     with httpclient.InferenceServerClient(url, network_timeout=60) as client:
         inp = httpclient.InferInput("INPUT__0", list(x.shape) if shape is None else shape, datatype)
         inp.set_data_from_numpy(x, binary_data=True)
-        return client.infer("model", [inp]).as_numpy("OUTPUT__0")
+        return client.infer(name, [inp]).as_numpy("OUTPUT__0")
 
 
 def error_of(call) -> str:
@@ -178,13 +178,6 @@ def skipnet_exported(skipnet, tmp_path_factory):
     return out
 
 
-def infer_as(url, name, x):
-    with httpclient.InferenceServerClient(url, network_timeout=60) as client:
-        inp = httpclient.InferInput("INPUT__0", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x, binary_data=True)
-        return client.infer(name, [inp]).as_numpy("OUTPUT__0")
-
-
 def check_deform_model_served(url, name, net):
     """Requests of other image sizes match eager; a batch of concurrent requests that the model
     refuses (odd sizes) each get the model's error in one line, and the server serves on."""
@@ -192,16 +185,18 @@ def check_deform_model_served(url, name, net):
     for shape in ((1, 3, 8, 12), (3, 3, 16, 6)):
         x = rng.standard_normal(shape, dtype=np.float32)
         np.testing.assert_allclose(
-            infer_as(url, name, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5
+            infer(url, x, name=name), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5
         )
     bad = np.zeros((1, 3, 7, 7), np.float32)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        errors = list(pool.map(lambda _: error_of(lambda: infer_as(url, name, bad)), range(4)))
+        errors = list(pool.map(lambda _: error_of(lambda: infer(url, bad, name=name)), range(4)))
     for e in errors:
         assert "The size of tensor a (7) must match the size of tensor b (8)" in e, e
         assert "TorchScript interpreter" not in e, e
     x = rng.standard_normal((2, 3, 4, 4), dtype=np.float32)
-    np.testing.assert_allclose(infer_as(url, name, x), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        infer(url, x, name=name), net(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_deform_network_of_dynamic_image_sizes(skipnet_exported, skipnet):

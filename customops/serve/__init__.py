@@ -18,7 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from customops.export._common import one_line_error
+from customops.export._common import _dtype_name, one_line_error
 from customops.export.triton import EXAMPLE_DIMS_PARAMETER, REPOSITORY_DIR, torch_dtype
 
 
@@ -92,12 +92,12 @@ def load_served_model(exported: str, name: str = "model", fmt: str = "auto", dev
 
     if not os.path.isdir(exported):
         raise ServeError(f"{exported} is not a folder of exported files (python -m customops.export --out {exported})")
-    config_path = os.path.join(exported, REPOSITORY_DIR, "python", name, "config.pbtxt")
     repository = os.path.join(exported, REPOSITORY_DIR, "python")
-    others = sorted(d for d in os.listdir(repository) if d != name) if os.path.isdir(repository) else []
-    if not os.path.isfile(config_path) and others:
-        raise ServeError(f"{exported} has no model named {name!r}; it has {', '.join(others)} (--name)")
+    config_path = os.path.join(repository, name, "config.pbtxt")
     if not os.path.isfile(config_path):
+        others = sorted(d for d in os.listdir(repository) if d != name) if os.path.isdir(repository) else []
+        if others:
+            raise ServeError(f"{exported} has no model named {name!r}; it has {', '.join(others)} (--name)")
         raise ServeError(
             f"{config_path} is missing: the inputs and outputs come from there, which python -m customops.export "
             "writes when TorchScript (pt) is among its --formats and --no-triton is not given"
@@ -214,7 +214,7 @@ def bind(triton, served: ServedModel, max_batch: int, max_queue_delay_us: int, s
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 
     def tensors(specs):
-        return [Tensor(name=t.name, dtype=np.dtype(str(t.dtype).removeprefix("torch.")), shape=t.dims) for t in specs]
+        return [Tensor(name=t.name, dtype=np.dtype(_dtype_name(t.dtype)), shape=t.dims) for t in specs]
 
     triton.bind(
         model_name=served.name,

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -136,13 +136,15 @@ def metric(text: str, name: str, model: str = "model") -> float:
 class Workload:
     """What the clients send to model ``name`` and how each response is checked: per input its
     name, numpy dtype and shape without the batch dim; ``reference`` maps a request's arrays to
-    the expected outputs (``outputs``, in order). The first dim of each is the batch."""
+    the expected outputs (``outputs``, in order). The first dim of each is the batch, of at most
+    ``max_batch`` rows (the exported config's; None: the load test's own export decides)."""
 
     name: str
     inputs: List[Tuple[str, np.dtype, Tuple[int, ...]]]
     outputs: List[str]
     reference: Callable[[List[np.ndarray]], List[np.ndarray]]
     description: str = ""
+    max_batch: Optional[int] = None
 
     def request(self, rng: np.random.Generator, max_rows: int) -> List[np.ndarray]:
         rows = int(rng.integers(1, max_rows + 1))
@@ -181,13 +183,15 @@ def module_workload(model: nn.Module, features: int = IN_FEATURES, name: str = "
 def exported_workload(exported: str, name: str = "model", fmt: str = "auto", device: str = "cpu") -> Workload:
     """Requests to the model that customops.export wrote to ``exported``, at its example sizes,
     checked against the same model file loaded here (customops.serve's loader). Raises ServeError."""
+    from customops.export._common import _dtype_name
+
     from . import ServeError, _call, load_served_model
 
     served = load_served_model(exported, name, fmt, device)
     if served.max_batch_size < 1:
         raise ServeError(f"{served.path}: its config does not batch (max_batch_size 0), and customops.serve batches")
     inputs = [
-        (t.name, np.dtype(str(t.dtype).removeprefix("torch.")), tuple(shape[1:]))
+        (t.name, np.dtype(_dtype_name(t.dtype)), tuple(shape[1:]))
         for t, shape in zip(served.inputs, served.example_shapes)
     ]
 
@@ -195,7 +199,8 @@ def exported_workload(exported: str, name: str = "model", fmt: str = "auto", dev
         return [o.cpu().numpy() for o in _call(served, [torch.from_numpy(x) for x in xs])]
 
     sizes = ", ".join(f"{n} {d} (rows, {', '.join(map(str, s))})" for n, d, s in inputs)
-    return Workload(name, inputs, [t.name for t in served.outputs], reference, f"{served.path}: {sizes}")
+    outputs = [t.name for t in served.outputs]
+    return Workload(name, inputs, outputs, reference, f"{served.path}: {sizes}", served.max_batch_size)
 
 
 def run_clients(url: str, workload: Workload, clients: int, requests: int, max_rows: int, seed: int) -> Dict:
@@ -266,8 +271,7 @@ def run_level(exported: str, workload: Workload, clients: int, args) -> Dict:
         result = run_clients(server.url, workload, clients, args.requests, args.max_rows, args.seed)
         after = server.metrics_text()
     except BaseException:  # Ctrl-C too: SIGTERM first, so that customops.serve stops its tritonserver
-        server.stop(timeout=15)
-        server.kill()
+        server.stop(timeout=15)  # then SIGKILL
         raise
     code, summary = server.stop()
     lat = [s * 1e3 for s in result["latencies"]]
@@ -356,7 +360,7 @@ def main(argv=None) -> int:
                 print(f"customops.serve.loadtest: error: {e}", file=sys.stderr)
                 return 1
             workload.description += ", checked against the same file run here on each request alone"
-        max_batch = args.max_batch if args.max_batch is not None else _config_max_batch(exported, args.name)
+        max_batch = args.max_batch if args.max_batch is not None else workload.max_batch
         if not 1 <= args.max_rows <= max_batch:
             parser.error(f"--max-rows must be 1..{max_batch} (the server's max batch)")
         results = []
@@ -409,14 +413,6 @@ def main(argv=None) -> int:
             f.write(text)
     print(text)
     return 0 if all(r["errors"] == 0 for r in results) else 1
-
-
-def _config_max_batch(exported: str, name: str) -> int:
-    from customops.export.triton import REPOSITORY_DIR
-
-    from . import read_model_config
-
-    return read_model_config(os.path.join(exported, REPOSITORY_DIR, "python", name, "config.pbtxt")).max_batch_size
 
 
 def _cpu_name() -> str:
