@@ -153,10 +153,9 @@ std::vector<std::string> split_commas(const std::string& s) {
 }
 
 // x checked against a package's "customops_inputs" record ("dtype:dim,dim,..." per input,
-// joined by '|', a dim a size "12" or a range "1-65535"), and made row-major, as the export
-// examples were. This replaces AOTI_RUNTIME_CHECK_INPUTS=1, which refuses size 1 at dims that
-// torch's own packages export as dynamic.
-at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std::string& model) {
+// joined by '|', a dim a size "12" or a range "1-65535"). This replaces AOTI_RUNTIME_CHECK_INPUTS=1, which refuses size
+// 1 at dims that torch's own packages export as dynamic.
+void check_input(const std::string& spec, const at::Tensor& x, const std::string& model) {
   if (spec.find('|') != std::string::npos) {
     throw std::runtime_error(
         "the model takes several inputs (" + spec + "); customops_serve serves models with one tensor input");
@@ -183,7 +182,19 @@ at::Tensor checked_input(const std::string& spec, const at::Tensor& x, const std
         "model '" + model + "' refused input 0 of shape " + shape_str(x.sizes()) + " and dtype " +
         dtype_name(x.scalar_type()) + ": it expects dtype " + dtype + " and shape [" + expected + "]");
   }
-  return x.contiguous();
+}
+
+// x with exactly the strides of a row-major tensor of its shape: torch calls a tensor
+// contiguous whatever the strides of its size-1 dims (an (N, 1, H, W) batch in channels_last,
+// say), and AOTInductor's code reads them.
+at::Tensor row_major(const at::Tensor& x) {
+  std::vector<int64_t> expected(x.dim());
+  int64_t stride = 1;
+  for (int64_t i = x.dim() - 1; i >= 0; --i) {
+    expected[i] = stride;
+    stride *= std::max<int64_t>(x.size(i), 1);
+  }
+  return x.strides() == at::IntArrayRef(expected) ? x : x.clone(at::MemoryFormat::Contiguous);
 }
 
 // The value of e, an integer expression of sizes and symbols as sympy prints torch's symbolic
@@ -303,7 +314,7 @@ void check_tied_dims(const std::string& dims, const at::Tensor& x, const std::st
   for (int64_t i = 0; i < x.dim(); ++i) {
     const auto bare = first.find(exprs[i]);
     if (bare != first.end() && bare->second == i) continue;
-    if (exprs[i].find_first_not_of("0123456789") == std::string::npos) continue;  // a size: checked_input's
+    if (exprs[i].find_first_not_of("0123456789") == std::string::npos) continue;  // a size: check_input's
     const std::vector<std::string> unknown = SizeExpr::unknowns(exprs[i], values);
     if (unknown.size() == 1) {  // a symbol with no dim of its own: solve a * s + b = size for it
       std::map<std::string, int64_t> at = values;
@@ -407,9 +418,10 @@ int main(int argc, char** argv) {
       // record (made by torch itself) gets x as given, unchecked, as torch's loader does.
       const auto metadata = package->get_metadata();
       const auto recorded = metadata.find("customops_inputs");
-      if (recorded != metadata.end()) x = checked_input(recorded->second, x, args.model);
+      if (recorded != metadata.end()) check_input(recorded->second, x, args.model);
       const auto tied = metadata.find("customops_input_dims");
       if (tied != metadata.end()) check_tied_dims(tied->second, x, args.model);
+      x = row_major(x);  // as the export examples were laid out
     }
     auto sync = [&] {
       if (device.is_cuda()) torch::cuda::synchronize();

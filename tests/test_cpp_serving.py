@@ -72,6 +72,16 @@ def test_serve_takes_any_strides(serve, exported, fmt, tmp_path):
         torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
 
 
+def test_serve_reads_size_1_dims_of_any_stride(serve, one_channel_conv_pt2, tmp_path):
+    # torch calls these batches contiguous; the compiled code read their channel stride.
+    from conftest import grayscale_batches
+
+    model, path = one_channel_conv_pt2
+    for x in grayscale_batches():
+        out, _, _ = run_serve(serve, path, x, str(tmp_path), runs=2)
+        torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_no_libpython_dependency(serve):
     for path in (serve, customops.library_path()):
         needed = subprocess.run(["ldd", path], capture_output=True, text=True, check=True).stdout

@@ -108,6 +108,18 @@ def test_aoti_package_dynamic_batch(three_op_model_pt2, monkeypatch):
         runner(torch.randn(4, 12), torch.randn(4, 12))
 
 
+@needs_aoti_python_loading
+def test_aoti_package_reads_size_1_dims_of_any_stride(one_channel_conv_pt2):
+    # torch calls these batches contiguous; the compiled code read their channel stride (0.99 off).
+    from conftest import grayscale_batches
+
+    model, path = one_channel_conv_pt2
+    runner = load_aoti(path)
+    for x in grayscale_batches():
+        assert x.is_contiguous() and x.stride() != torch.empty(x.shape).stride()
+        torch.testing.assert_close(runner(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 class Tiny(nn.Module):
     def forward(self, x):
         return customops.sigmoid(x)
@@ -625,6 +637,22 @@ def test_triton_repository_of_a_dynamic_time_dim(tmp_path):
     config = _model_config(tmp_path / "triton" / "pytorch" / "model" / "config.pbtxt")
     assert [list(t.dims) for t in config.input] == [[-1, 6]]
     assert config.max_batch_size > 0 and len(config.output) == 1 and list(config.output[0].dims)[0] == -1
+
+
+def test_triton_config_output_sizes_behind_unpadded_strided_layers():
+    # 32 and 33 rows both come out as 7 (32 -> 15 -> 7, 33 -> 16 -> 7), 64 as 15: the output's
+    # sizes are dynamic. After an adaptive pooling they are fixed.
+    from customops.export.triton import io_configs
+
+    strided = nn.Sequential(
+        nn.Conv2d(3, 8, 3, 2), nn.ReLU(), customops.nn.ModulatedDeformConv2d(8, 8, 3, stride=2, offset_groups=2)
+    ).eval()
+    pooled = nn.Sequential(strided, nn.AdaptiveAvgPool2d(4))
+    x = torch.randn(2, 3, 32, 32)
+    for model, dims in ((strided, [8, -1, -1]), (pooled, [8, 4, 4])):
+        inputs, outputs = io_configs(model, (x,), (0, 2, 3), batched=True)
+        assert [list(t.dims) for t in inputs] == [[3, -1, -1]]
+        assert [list(t.dims) for t in outputs] == [dims]
 
 
 def test_triton_repository_refuses_outputs_without_the_batch(tmp_path):

@@ -161,41 +161,43 @@ def _grown(t: torch.Tensor, dims: Sequence[int], step) -> torch.Tensor:
     return t
 
 
-# The growths tried: one row, then the largest power of two that divides the size (a network of
-# total stride 4 takes multiples of 4: 48 -> 64 keeps one).
-_GROWTHS = (lambda size: 1, lambda size: size & -size)
+# The growths tried: one row, the largest power of two that divides the size (a network of total
+# stride 4 takes multiples of 4: 48 -> 64 keeps one), and the size again (behind unpadded strided
+# layers, 32 and 33 rows both come out as 7 and 36 as 8: one more row can leave an output size
+# as it was).
+_GROWTHS = (lambda size: 1, lambda size: size & -size, lambda size: size)
 
 
 def io_configs(
     model: nn.Module, example_inputs: Sequence[torch.Tensor], dynamic_dims: Sequence[int], batched: bool
 ) -> Tuple[Tuple[TensorConfig, ...], Tuple[TensorConfig, ...]]:
     """Triton inputs and outputs of ``model``: inputs from the examples (dynamic dims -1), outputs
-    from two eager runs (at the examples' sizes and larger ones at each dynamic dim, one row
-    more or, where the model refuses that, the largest power of two dividing the size more: a
-    size that changes is -1). With ``batched``, dims leave out dim 0, which every output must share
-    with the inputs (ValueError otherwise)."""
+    from eager runs at the examples' sizes and at larger ones at each dynamic dim (one row more,
+    the largest power of two dividing the size more, twice the size; those the model refuses
+    are skipped): a size that changes in any is -1. With ``batched``, dims leave out dim 0, which
+    every output must share with the inputs (ValueError otherwise)."""
     dims = sorted(set(dynamic_dims))
+    grown, error = [], None
     with torch.no_grad():
         first = _leaves(model(*example_inputs))
         for step in _GROWTHS:
             try:
-                second = _leaves(model(*(_grown(t, dims, step) for t in example_inputs)))
-                break
+                grown.append(_leaves(model(*(_grown(t, dims, step) for t in example_inputs))))
             except RuntimeError as e:
                 error = e
-        else:
-            raise ValueError(
-                f"customops: the model fails with one more row, and with the largest power of two that divides "
-                f"the size more, at its dynamic dims {dims}, so a Triton config cannot make them dynamic "
-                f"({str(error).strip().splitlines()[0]}). " + _batch_hint(example_inputs)
-            ) from error
+    if not grown:
+        raise ValueError(
+            f"customops: the model fails with one more row, with the largest power of two that divides the size "
+            f"more and at twice the size, at its dynamic dims {dims}, so a Triton config cannot make them dynamic "
+            f"({str(error).strip().splitlines()[0]}). " + _batch_hint(example_inputs)
+        ) from error
     inputs = tuple(
         TensorConfig(f"INPUT__{i}", triton_dtype(t.dtype), tuple(-1 if d in dims else s for d, s in enumerate(t.shape)))
         for i, t in enumerate(example_inputs)
     )
     outputs = []
-    for i, (a, b) in enumerate(zip(first, second)):
-        shape = tuple(-1 if sa != sb else sa for sa, sb in zip(a.shape, b.shape))
+    for i, a in enumerate(first):
+        shape = tuple(-1 if any(g[i].shape[d] != size for g in grown) else size for d, size in enumerate(a.shape))
         if batched and (a.dim() == 0 or a.shape[0] != example_inputs[0].shape[0] or shape[0] != -1):
             raise ValueError(
                 f"customops: output {i} of shape {list(a.shape)} does not have the batch as dim 0 (the inputs' "
