@@ -26,7 +26,9 @@ nan), ``--grouped`` those of grouped layers (ResNeXt detectors' DCN stages among
 ``--one-group`` the default shapes of one group (whose backward runs the columns' GEMMs over a
 chunk's rows), ``--offset-groups`` layers of narrow offset groups, forward and backward,
 ``--grouped-weight-heavy`` IEEE float32 grouped layers of few pixels and long reductions
-(``gemm_per_group``), forward and backward. ``report
+(``gemm_per_group``), forward and backward, ``--split-k`` IEEE float32 forwards of layers of few
+pixels and more (``split_k_forward``). The label ``torchvision`` (no variables) times
+torchvision's op in the same rotation. ``report
 FILE A B`` compares any two labels.
 
     python benchmarks/ab_deform_conv2d.py interleave 2 --narrow \
@@ -231,6 +233,63 @@ def grouped_weight_heavy_shapes():
     ]
 
 
+def split_k_shapes():
+    """IEEE float32 forwards of layers of few output pixels (CUDA's split_k_forward) and of more,
+    on both sides of its rule: ResNet-50 DCNv2 stages 3 and 4 at 224 x 224 and 512 x 512, batch 1
+    to 16, wide and narrow layers, heads of few outputs, grouped layers, reductions of 576 to 19200;
+    and four of them with TF32."""
+    import torch
+
+    from bench_deform_conv2d import TF32, Shape
+
+    f32 = torch.float32
+    return [
+        Shape(1, 512, 7, 7, 512, 1, 1, f32, False, note="R50-DCNv2 stage 4 at 224 x 224"),
+        Shape(1, 512, 7, 7, 512, 1, 1, f32, True),
+        Shape(2, 512, 7, 7, 512, 1, 1, f32, False),
+        Shape(4, 512, 7, 7, 512, 1, 1, f32, False),
+        Shape(8, 512, 7, 7, 512, 1, 1, f32, False),
+        Shape(16, 512, 7, 7, 512, 1, 1, f32, False),
+        Shape(1, 512, 16, 16, 512, 1, 1, f32, False, note="R50-DCNv2 stage 4 at 512 x 512"),
+        Shape(1, 256, 14, 14, 256, 1, 1, f32, False, note="R50-DCNv2 stage 3 at 224 x 224"),
+        Shape(1, 256, 32, 32, 256, 1, 1, f32, False, note="R50-DCNv2 stage 3 at 512 x 512"),
+        Shape(1, 128, 28, 28, 128, 1, 1, f32, False),
+        Shape(1, 1024, 7, 7, 1024, 1, 1, f32, False),
+        Shape(1, 1024, 14, 14, 1024, 1, 1, f32, False),
+        Shape(1, 2048, 7, 7, 512, 1, 1, f32, False),
+        Shape(1, 2048, 4, 4, 2048, 1, 1, f32, False),
+        Shape(1, 512, 3, 3, 512, 1, 1, f32, False),
+        Shape(1, 1024, 10, 14, 1024, 1, 4, f32, True, 3, 2, 1),
+        Shape(2, 1024, 10, 7, 512, 1, 1, f32, False),
+        Shape(1, 768, 32, 50, 384, 1, 1, f32, False, 5, 2, 2),
+        Shape(1, 256, 7, 7, 80, 1, 1, f32, False, note="a head of 80 classes"),
+        Shape(1, 256, 14, 14, 18, 1, 1, f32, False),
+        Shape(1, 64, 7, 7, 64, 1, 1, f32, False),
+        Shape(1, 128, 7, 7, 128, 1, 1, f32, False),
+        Shape(1, 1024, 7, 7, 1024, 2, 4, f32, True, 3, 1, 1, 1, False),
+        Shape(1, 1024, 7, 7, 1024, 2, 1, f32, False),
+        Shape(2, 768, 8, 8, 768, 4, 2, f32, False),
+        Shape(1, 2048, 7, 7, 2048, 4, 1, f32, False),
+        Shape(1, 1024, 25, 42, 1024, 32, 1, f32, False, 3, 2, 1),
+        Shape(8, 256, 32, 32, 256, 1, 1, f32, False),
+        Shape(1, 512, 7, 7, 512, 2, 1, f32, False),
+        Shape(1, 1536, 7, 7, 1536, 2, 1, f32, False),
+        Shape(1, 1024, 7, 7, 1024, 8, 1, f32, False),
+        Shape(1, 384, 7, 7, 384, 2, 1, f32, False),
+        Shape(8, 512, 7, 7, 512, 2, 1, f32, False),
+        Shape(1, 256, 20, 20, 256, 1, 1, f32, False),
+        Shape(1, 256, 28, 28, 128, 1, 1, f32, False),
+        Shape(1, 128, 32, 32, 128, 1, 1, f32, False),
+        Shape(1, 512, 10, 10, 256, 1, 1, f32, False),
+        Shape(1, 256, 13, 13, 256, 1, 1, f32, True),
+    ] + [
+        Shape(1, 512, 7, 7, 512, 1, 1, TF32, False),
+        Shape(1, 1024, 7, 7, 1024, 1, 1, TF32, False),
+        Shape(1, 512, 14, 14, 512, 1, 1, TF32, False),
+        Shape(1, 2048, 7, 7, 512, 1, 1, TF32, False),
+    ]
+
+
 def offset_group_shapes():
     from bench_deform_conv2d import offset_group_shapes
 
@@ -273,12 +332,14 @@ def interleave(rounds, settings):
         pick, settings = grouped_backward_shapes, settings[1:]
     elif settings and settings[0] == "--grouped-weight-heavy":
         pick, settings = grouped_weight_heavy_shapes, settings[1:]
+    elif settings and settings[0] == "--split-k":
+        pick, settings, backward = split_k_shapes, settings[1:], False
     elif settings and settings[0] == "--one-group":
         pick, settings = (lambda: [s for s in shapes() if s.groups == 1]), settings[1:]
     variants = {"old": {}}
     for arg in settings:
         label, _, pairs = arg.partition("=")
-        variants[label] = dict(pair.split("=", 1) for pair in pairs.split(","))
+        variants[label] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
     labels = list(variants)
     for r in range(rounds):
         order = labels[r % len(labels) :] + labels[: r % len(labels)]  # no variant always first
@@ -303,8 +364,14 @@ def measure(label, s, backward=True):
     for rg in (False, True) if backward else (False,):
         i = make_inputs(s, "cuda", rg)
 
-        def call(i=i):
-            return customops.deform_conv2d(i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
+        op = customops.deform_conv2d
+        if label == "torchvision":
+            import torchvision
+
+            op = torchvision.ops.deform_conv2d
+
+        def call(i=i, op=op):
+            return op(i["input"], i["offset"], i["weight"], i["bias"], *geometry, i["mask"])
 
         fn = fwd_bwd(call, i) if rg else call
         with torch.enable_grad() if rg else torch.no_grad():

@@ -679,6 +679,7 @@ def test_cuda_gemm_per_group_matches_cpu(name, dtype, gemm, monkeypatch):
     # (CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP=1, forced only).
     _force_forward(monkeypatch, "grouped_gemm" if gemm == "rows_major" else "columns")
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GEMM_PER_GROUP", "1")
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K", "0")  # which takes small float32 ones
     monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_GRAD_WEIGHT_PER_GROUP", "1")
     _cuda_vs_cpu(_inputs(**CONFIGS[name]), dtype, *CUDA_TOL[dtype])
 
@@ -988,6 +989,7 @@ PER_GROUP_RULES = {
 def test_cuda_gemm_per_group_only_where_its_rule_says(gemm, monkeypatch):
     var, config = PER_GROUP_RULES[gemm]
     backward = gemm == "grad_weight"
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K", "0")  # which would take the forward's GEMM
     kw = _inputs(**config, dtype=torch.float32)
     gpu = {k: (v.cuda().requires_grad_(backward) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
 
@@ -1136,6 +1138,80 @@ def test_cuda_channels_last_16_bit_bias_in_the_gemm_or_a_pass(dtype, H, epilogue
         assert any("deform_conv2d_bias_kernel" in n for n in names) != epilogue, sorted(set(names))
     rel = ((out.double().cpu() - ref).norm() / ref.norm()).item()
     assert rel < CUDA_TOL[dtype][0], rel
+
+
+# The split-K GEMM of float32 layers (split_k_forward; CUSTOMOPS_TEST_DEFORM_SPLIT_K=1 forces it):
+# one and several 64 x 64 tiles of rows and of outputs, rows and reductions that are not
+# multiples of 4 (padded partials, scalar loads: 45 values), groups whose outputs end inside a
+# tile, the weight in its own order, DCNv1 without a bias, several images a chunk, several chunks
+# of whole images and of one image's pixels (unaligned runs), NCHW and channels_last outputs,
+# against the CPU kernel in float64.
+SPLIT_K_CONFIGS = {
+    **{n: CONFIGS[n] for n in ("dcnv2_groups_offset_groups", "dcnv1_stride_dilation", "weight_order_one_group",
+                               "weight_order_images_groups", "groups_long_reduction", "depthwise_multiplier_2")},
+    "tiles_of_rows_and_outputs": dict(B=2, C=32, H=9, W=10, C_out=130, groups=1, og=1),
+    "odd_reduction_no_bias": dict(B=1, C=5, H=7, W=7, C_out=70, groups=1, og=1, bias=False),
+    "groups_across_tiles": dict(B=3, C=64, H=5, W=5, C_out=100, groups=2, og=2),
+    "images_per_chunk": CUDA_CHUNK_CONFIGS["images_per_chunk"],
+    "unaligned_pixels_per_chunk": CUDA_CHUNK_CONFIGS["unaligned_pixels_per_chunk"],
+}  # fmt: skip
+
+
+@needs_cuda
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("name", list(SPLIT_K_CONFIGS))
+def test_cuda_split_k_gemm_matches_cpu(name, layout, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K", "1")
+    kw = _inputs(**SPLIT_K_CONFIGS[name], scale=1.5)
+    kw = dict(kw, offset=(kw["offset"] * 256).round() / 256)  # exact sampling positions in float32
+    kw = {k: (v.float().double() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    ref = customops.deform_conv2d(**kw)
+    gpu = {k: (v.to(device="cuda", dtype=torch.float32) if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+    if layout == "channels_last":
+        gpu["input"] = gpu["input"].to(memory_format=torch.channels_last)
+    out = _ran_kernel("deform_conv2d_split_k_sum_kernel", customops.deform_conv2d, gpu)
+    assert out.is_contiguous(
+        memory_format=torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    )
+    rel = ((out.double().cpu() - ref).norm() / ref.norm()).item()
+    assert rel < CUDA_TOL[torch.float32][0], rel
+    if layout == "nchw":  # the backward does not change; it runs after the split-K forward
+        _cuda_vs_cpu(_inputs(**SPLIT_K_CONFIGS[name]), torch.float32, *CUDA_TOL[torch.float32])
+
+
+# The default dispatch (split_k_forward): the split-K GEMM for IEEE float32 grouped layers where a
+# GEMM per group would run, up to 2^27 multiply-adds per group over a chunk of whole images;
+# cuBLAS with one group, with TF32, in 16 bits and past that size.
+@needs_cuda
+@pytest.mark.parametrize(
+    "dtype, tf32, config, split_k",
+    [
+        (torch.float32, False, dict(B=1, C=512, H=7, W=7, C_out=512, groups=2), True),  # 49 x 2304 x 256 a group
+        (torch.float32, False, dict(B=2, C=512, H=7, W=7, C_out=512, groups=2), True),
+        (torch.float32, True, dict(B=1, C=512, H=7, W=7, C_out=512, groups=2), False),
+        (torch.float16, False, dict(B=1, C=512, H=7, W=7, C_out=512, groups=2), False),
+        (torch.float32, False, dict(B=8, C=512, H=7, W=7, C_out=512, groups=2), False),  # 2.3e8 a group
+        (torch.float32, False, dict(B=1, C=256, H=14, W=14, C_out=256, groups=1), False),  # one group
+        (torch.float32, False, dict(B=2, C=256, H=8, W=8, C_out=256, groups=4), False),  # batched over groups
+    ],
+)
+def test_cuda_split_k_only_where_its_rule_says(dtype, tf32, config, split_k, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _inputs(**config, og=1, dtype=dtype).items()}
+    names = _kernel_names(customops.deform_conv2d, kw)[1]
+    if names is not None:
+        assert any("deform_conv2d_split_k_gemm_kernel" in n for n in names) == split_k, sorted(set(names))
+
+
+@needs_cuda
+@pytest.mark.parametrize("kernel", ["deform_conv2d_split_k_gemm_kernel", "deform_conv2d_split_k_sum_kernel"])
+def test_cuda_split_k_failed_launch_is_a_runtime_error_naming_it(kernel, monkeypatch):
+    from customops.testing.paths import assert_launch_fails
+
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_SPLIT_K", "1")  # inherited by the subprocess
+    setup = "x, off, w = (torch.randn(*s, device='cuda') for s in ((1, 64, 5, 5), (1, 18, 5, 5), (128, 64, 3, 3)))"
+    assert_launch_fails(kernel, setup, "customops.deform_conv2d(x, off, w, padding=1)")
 
 
 @needs_cuda

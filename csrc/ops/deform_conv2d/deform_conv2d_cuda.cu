@@ -20,7 +20,8 @@
 //     input and one output channel per group): deform_conv2d_depthwise_tile_kernel computes the
 //     output directly, with no columns (deform_conv2d_depthwise_kernel is its fallback).
 //     Few output channels per group: deform_conv2d_direct_kernel, an implicit GEMM on CUDA
-//     cores, computes the output with no columns, where direct_forward takes it.
+//     cores, computes the output with no columns, where direct_forward takes it. Grouped IEEE
+//     float32 layers of few pixels: the columns GEMM by our split-K kernel (split_k_forward).
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -1988,6 +1989,225 @@ void accumulate_into(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b, 
   }
 }
 
+// A split-K GEMM on CUDA cores for IEEE float32 grouped layers of few output pixels and long
+// reductions (split_k_forward): part[split] = columns x weight^T over one slice of the
+// reduction, per group, then deform_conv2d_split_k_sum_kernel adds the slices in a fixed order
+// with the bias into the output (NCHW or channels_last), so the result does not depend on
+// scheduling. A block takes 64 rows x 64 outputs of one group and one slice, in steps of 16
+// values of the reduction through double-buffered shared memory (a thread 4 x 4 outputs).
+// cuBLAS's IEEE float32 kernels ran such GEMMs on a few SMs (49 x 4608 x 512: 8 TFLOP/s, 29 us).
+constexpr int kSplitKTile = 64, kSplitKStep = 16;
+// Blocks per SM the slices aim at (4 fit at once by their registers; 2 and 8 were no faster), and
+// the most multiply-adds per group split_k_forward takes (the largest grouped layer measured).
+constexpr int64_t kSplitKBlocksPerSm = 4, kSplitKMaxWork = int64_t{1} << 27;
+
+struct SplitKShape {
+  int64_t rows, lda;       // A (rows, groups x kg) with row stride lda: the chunk's columns
+  int64_t kg, cg, groups;  // the reduction and the outputs per group; B (groups x cg, kg)
+  int64_t per_split;       // a multiple of kSplitKStep
+  int64_t row_tiles;
+  int64_t part_ld;         // partials [split][group][cg][part_ld = rows padded to 4], or (kRowsFastest
+                           // false) [split][group][rows][part_ld = cg padded to 4]
+};
+
+template <bool kVec>
+__device__ __forceinline__ void split_k_load(
+    float (&v)[4], const float* __restrict__ p, bool row_ok, int64_t k, int64_t k_end) {
+  if (kVec) {  // k_end and k multiples of 4: the 4 values are all in or all out
+    const float4 q = row_ok && k < k_end ? *reinterpret_cast<const float4*>(p + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = row_ok && k + i < k_end ? p[k + i] : 0.f;
+  }
+}
+
+// grid: (row tiles x output tiles of a group, splits, groups). kVec: A's and B's rows are
+// 16-byte aligned (kg and lda multiples of 4, aligned pointers).
+template <bool kVec, bool kRowsFastest>
+__global__ void __launch_bounds__(cuda::kThreads) deform_conv2d_split_k_gemm_kernel(
+    const float* __restrict__ a, const float* __restrict__ b, SplitKShape s, float* __restrict__ part) {
+  constexpr int T = kSplitKTile, S = kSplitKStep, LD = T + 4;  // LD: 16-byte rows of shared memory
+  __shared__ __align__(16) float as[2][S][LD];
+  __shared__ __align__(16) float bs[2][S][LD];
+  const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const int64_t grp = blockIdx.z, split = blockIdx.y;
+  const int64_t r0 = (blockIdx.x % s.row_tiles) * T, n0 = (blockIdx.x / s.row_tiles) * T;
+  const int64_t k_begin = split * s.per_split, k_end = std::min(s.kg, k_begin + s.per_split);
+  // Loads: a thread takes 4 consecutive values of the reduction of one row of A and of B.
+  const int lr = tid / 4, lk = (tid % 4) * 4;
+  const bool a_ok = r0 + lr < s.rows, b_ok = n0 + lr < s.cg;
+  const float* pa = a + grp * s.kg + (a_ok ? (r0 + lr) * s.lda : 0);
+  const float* pb = b + (grp * s.cg + (b_ok ? n0 + lr : 0)) * s.kg;
+  float ra[4], rb[4];
+  float acc[4][4] = {};
+  split_k_load<kVec>(ra, pa, a_ok, k_begin + lk, k_end);
+  split_k_load<kVec>(rb, pb, b_ok, k_begin + lk, k_end);
+  int buf = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    as[0][lk + i][lr] = ra[i];
+    bs[0][lk + i][lr] = rb[i];
+  }
+  __syncthreads();
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += S) {
+    const bool more = k0 + S < k_end;
+    if (more) {  // the next step's loads in flight during this step's products
+      split_k_load<kVec>(ra, pa, a_ok, k0 + S + lk, k_end);
+      split_k_load<kVec>(rb, pb, b_ok, k0 + S + lk, k_end);
+    }
+#pragma unroll
+    for (int kk = 0; kk < S; ++kk) {
+      const float4 av = *reinterpret_cast<const float4*>(&as[buf][kk][ty * 4]);
+      const float4 bv = *reinterpret_cast<const float4*>(&bs[buf][kk][tx * 4]);
+      const float x[4] = {av.x, av.y, av.z, av.w}, y[4] = {bv.x, bv.y, bv.z, bv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
+      }
+    }
+    if (more) {  // the other buffer was last read before the previous step's barrier
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        as[buf ^ 1][lk + i][lr] = ra[i];
+        bs[buf ^ 1][lk + i][lr] = rb[i];
+      }
+    }
+    __syncthreads();
+    buf ^= 1;
+  }
+  const int64_t r = r0 + ty * 4, n = n0 + tx * 4;
+  const int64_t first = (split * s.groups + grp) * (kRowsFastest ? s.cg : s.rows);
+  if (kRowsFastest) {  // a row of 4 pixels per output channel; rows past s.rows but within the pad are zeros
+    if (r >= s.part_ld) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (n + j < s.cg) {
+        *reinterpret_cast<float4*>(part + (first + n + j) * s.part_ld + r) =
+            make_float4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]);
+      }
+    }
+  } else {  // a row of 4 output channels per pixel
+    if (n >= s.part_ld) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (r + i < s.rows) {
+        *reinterpret_cast<float4*>(part + (first + r + i) * s.part_ld + n) =
+            make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      }
+    }
+  }
+}
+
+struct SplitKSum {
+  int64_t splits, split_stride, rows, out_channels, cg, part_ld, pixels, run;  // run: a chunk's pixels per image
+  int64_t first;  // NCHW: the chunk's first image x out_channels x pixels + p0; channels-last: its first row
+  int64_t total;  // rows x out_channels
+};
+
+// out = bias + the splits' partial products, added in split order. kRowsFastest: NCHW output,
+// adjacent threads on adjacent pixels; else channels-last, on adjacent channels.
+template <bool kRowsFastest>
+__global__ void deform_conv2d_split_k_sum_kernel(
+    const float* __restrict__ part, const float* __restrict__ bias, SplitKSum s, float* __restrict__ out) {
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < s.total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t n = kRowsFastest ? idx / s.rows : idx % s.out_channels;
+    const int64_t r = kRowsFastest ? idx % s.rows : idx / s.out_channels;
+    const int64_t src = kRowsFastest ? n * s.part_ld + r : ((n / s.cg) * s.rows + r) * s.part_ld + n % s.cg;
+    float v = bias ? bias[n] : 0.f;
+    for (int64_t k = 0; k < s.splits; ++k) v += part[k * s.split_stride + src];
+    if (kRowsFastest) {
+      out[s.first + ((r / s.run) * s.out_channels + n) * s.pixels + r % s.run] = v;
+    } else {
+      out[(s.first + r) * s.out_channels + n] = v;
+    }
+  }
+}
+
+// Whether a grouped layer's columns GEMMs (rows x Kg x C_out / groups per group, over chunks of
+// whole images) run the split-K GEMM, all groups in one launch: IEEE float32 layers where a GEMM
+// per group would run (gemm_per_group: cuBLAS's tiles fill at most half of the SMs) and a group's
+// GEMM is at most kSplitKMaxWork multiply-adds. Forwards on an H100, per-group cuBLAS / split-K:
+// 1.21 to 1.56 at such layers (1x1024x7x7 -> 1024 in 2 groups 78 -> 60 us, in 4 groups of 512
+// 134 -> 93). Not taken with one group: cuBLAS / split-K 0.64 to 0.96 at batch-1 NCHW layers of
+// 49 to 1024 pixels (1x256x14x14 -> 256 41 -> 50 us), 1.11 to 1.27 at a few channels_last or
+// 9-pixel ones; nor with TF32 (0.49 to 0.69)
+// (benchmarks/results/deform_conv2d_ab_split_k_NVIDIA_H100_2026-12-07.md). Test hook:
+// CUSTOMOPS_TEST_DEFORM_SPLIT_K=1 or =0 forces it on (float32, any matmul precision, any groups) or off.
+template <typename T>
+bool split_k_forward(const DeformConv2dGeometry& g, int64_t rows) {
+  if (!std::is_same_v<T, float>) return false;
+  if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_SPLIT_K", "1", "0")) return forced > 0;
+  const int64_t kg = g.in_per_group() * g.taps();
+  return g.groups > 1 && rows * kg * g.out_per_group() <= kSplitKMaxWork && gemm_per_group<T>(g, rows, kg);
+}
+
+// A chunk's output (and bias) from its columns (gcol, in the order of o.w) by the split-K GEMM:
+// slices of the reduction enough for kSplitKBlocksPerSm blocks an SM, at least a step each.
+void split_k_gemm(
+    const CudaOperands& o, const DeformConv2dGeometry& g, const Chunk& ch, const at::Tensor& gcol,
+    const at::Tensor& bias, at::Tensor& out) {
+  const bool nhwc = channels_last_output(out);
+  const int64_t rows = ch.rows(), K = g.in_channels * g.taps(), kg = K / g.groups, cg = g.out_per_group();
+  const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  SplitKShape s{rows, K, kg, cg, g.groups, 0, ceil_div(rows, kSplitKTile), ceil_div(nhwc ? cg : rows, 4) * 4};
+  const int64_t tiles = s.row_tiles * ceil_div(cg, kSplitKTile) * g.groups, steps = ceil_div(kg, kSplitKStep);
+  TORCH_CHECK(
+      s.row_tiles * ceil_div(cg, kSplitKTile) <= std::numeric_limits<int32_t>::max() && g.groups <= 65535,
+      "customops: deform_conv2d's split-K GEMM got ", int_str(rows), " rows and ", int_str(g.groups), " groups");
+  const int64_t want =
+      std::clamp<int64_t>(ceil_div(kSplitKBlocksPerSm * sms, tiles), 1, std::min<int64_t>(steps, 65535));
+  s.per_split = ceil_div(steps, want) * kSplitKStep;
+  const int64_t splits = ceil_div(kg, s.per_split), stride = g.groups * (nhwc ? rows : cg) * s.part_ld;
+  at::Tensor part = at::empty({splits * stride}, out.options().memory_format(at::MemoryFormat::Contiguous));
+  const float* a = gcol.const_data_ptr<float>();
+  const float* w = o.w.const_data_ptr<float>();
+  const bool vec = kg % 4 == 0 && K % 4 == 0 && cuda::is_aligned(a, 16) && cuda::is_aligned(w, 16);
+  const dim3 grid(
+      static_cast<unsigned>(s.row_tiles * ceil_div(cg, kSplitKTile)), static_cast<unsigned>(splits),
+      static_cast<unsigned>(g.groups));
+  const int threads = cuda::block_size("deform_conv2d_split_k_gemm_kernel");
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, threads, 0, stream>>>(a, w, s, part.data_ptr<float>());
+    CUSTOMOPS_CUDA_LAUNCH_CHECK("deform_conv2d_split_k_gemm_kernel");
+  };
+  if (vec) {
+    nhwc ? launch(deform_conv2d_split_k_gemm_kernel<true, false>)
+         : launch(deform_conv2d_split_k_gemm_kernel<true, true>);
+  } else {
+    nhwc ? launch(deform_conv2d_split_k_gemm_kernel<false, false>)
+         : launch(deform_conv2d_split_k_gemm_kernel<false, true>);
+  }
+  const int64_t P = g.out_pixels();
+  const SplitKSum sum{
+      splits,
+      stride,
+      rows,
+      g.out_channels,
+      cg,
+      s.part_ld,
+      P,
+      ch.n,
+      nhwc ? ch.b0 * P + ch.p0 : ch.b0 * g.out_channels * P + ch.p0,
+      rows * g.out_channels};
+  const float* b = bias.defined() ? bias.const_data_ptr<float>() : nullptr;
+  if (nhwc) {
+    DEFORM_CONV2D_LAUNCH(
+        "deform_conv2d_split_k_sum_kernel", deform_conv2d_split_k_sum_kernel<false>, sum.total,
+        part.const_data_ptr<float>(), b, sum, out.data_ptr<float>());
+  } else {
+    DEFORM_CONV2D_LAUNCH(
+        "deform_conv2d_split_k_sum_kernel", deform_conv2d_split_k_sum_kernel<true>, sum.total,
+        part.const_data_ptr<float>(), b, sum, out.data_ptr<float>());
+  }
+}
+
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
@@ -2026,6 +2246,24 @@ void forward_impl(
   // images' channels-last copies come on top, so that they do not shrink the GEMM (IEEE
   // float32 GEMMs ran at 37 to 47 TFLOP/s over 3 images of 1050 pixels, 52 over 4).
   std::vector<Chunk> chunks = plan_chunks(g, K * sizeof(T), 0);
+  if constexpr (std::is_same_v<T, float>) {
+    const std::vector<Chunk> images = plan_chunks(g, K * sizeof(T), 0, true);  // of whole images, any groups
+    const int64_t most = std::max_element(images.begin(), images.end(), [](const Chunk& x, const Chunk& y) {
+                           return x.rows() < y.rows();
+                         })->rows();
+    if (split_k_forward<T>(g, most)) {
+      const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
+      at::Tensor col = at::empty({K * most}, opts), xs;
+      at::Tensor gcol = o.in_weight_order ? at::empty({K * most}, opts) : col;
+      const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+      for (const Chunk& ch : images) {
+        if (ch.p0 == 0) xs = o.images<T>(ch);
+        gemm_columns<T>(o, g, ch, xs, col, gcol);
+        split_k_gemm(o, g, ch, gcol, b, out);
+      }
+      return;
+    }
+  }
   // One group: one GEMM over the chunk's rows, (rows, K) x (K, C_out), into a rows-major
   // (pixels, out_channels) buffer that the transpose kernel moves into the NCHW output, adding
   // the bias. Straight into NCHW (a GEMM per image, batched) the output rows are P values
