@@ -27,7 +27,8 @@ nan), ``--grouped`` those of grouped layers (ResNeXt detectors' DCN stages among
 chunk's rows), ``--offset-groups`` layers of narrow offset groups, forward and backward,
 ``--grouped-weight-heavy`` IEEE float32 grouped layers of few pixels and long reductions
 (``gemm_per_group``), forward and backward, ``--split-k`` IEEE float32 forwards of layers of few
-pixels and more (``split_k_forward``). The label ``torchvision`` (no variables) times
+pixels and more (``split_k_forward``), ``--weight-heavy`` forwards of ``run --weight-heavy``'s
+layers (``weight_order``, ``nn_gemm``). The label ``torchvision`` (no variables) times
 torchvision's op in the same rotation. ``report
 FILE A B`` compares any two labels.
 
@@ -332,6 +333,8 @@ def interleave(rounds, settings):
         pick, settings = grouped_backward_shapes, settings[1:]
     elif settings and settings[0] == "--grouped-weight-heavy":
         pick, settings = grouped_weight_heavy_shapes, settings[1:]
+    elif settings and settings[0] == "--weight-heavy":
+        pick, settings, backward = weight_heavy_shapes, settings[1:], False
     elif settings and settings[0] == "--split-k":
         pick, settings, backward = split_k_shapes, settings[1:], False
     elif settings and settings[0] == "--one-group":

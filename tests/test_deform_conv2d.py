@@ -1180,6 +1180,18 @@ def test_cuda_split_k_gemm_matches_cpu(name, layout, monkeypatch):
         _cuda_vs_cpu(_inputs(**SPLIT_K_CONFIGS[name]), torch.float32, *CUDA_TOL[torch.float32])
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", list(CUDA_TOL))
+@pytest.mark.parametrize(
+    "name", ["weight_order_one_group", "weight_order_aligned_rows", "weight_order_7x7", "weight_order_images"]
+)
+def test_cuda_nn_gemm_matches_cpu(name, dtype, monkeypatch):
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_FORWARD", "columns")
+    monkeypatch.setenv("CUSTOMOPS_TEST_DEFORM_NN_GEMM", "1")
+    config = CONFIGS.get(name) or dict(B=2, C=64, H=3, W=3, C_out=64, groups=1, og=1)
+    _cuda_vs_cpu(_inputs(**config), dtype, *CUDA_TOL[dtype])
+
+
 # The default dispatch (split_k_forward): the split-K GEMM for IEEE float32 grouped layers where a
 # GEMM per group would run, up to 2^27 multiply-adds per group over a chunk of whole images;
 # cuBLAS with one group, with TF32, in 16 bits and past that size.

@@ -22,6 +22,8 @@
 //     Few output channels per group: deform_conv2d_direct_kernel, an implicit GEMM on CUDA
 //     cores, computes the output with no columns, where direct_forward takes it. Grouped IEEE
 //     float32 layers of few pixels: the columns GEMM by our split-K kernel (split_k_forward).
+//     One image of one group whose GEMM takes the weight in its own order, IEEE float32:
+//     weight x columns into the NCHW output, as torchvision multiplies (nn_gemm).
 //   backward: per chunk, the columns again and grad_weight += grad_out x columns (GEMM);
 //     grad columns = grad_out^T x weight (GEMM) into the same buffer; then
 //     deform_conv2d_col2im_kernel, a block per tile of output pixels and 32 channels, adds
@@ -2208,6 +2210,20 @@ void split_k_gemm(
   }
 }
 
+// Whether a layer of one group whose GEMM takes the weight in its own order (weight_order) runs
+// torchvision's orientation: the columns reordered to (in_channels x taps, pixels) per image and
+// weight x columns straight into the NCHW output, where cuBLAS picks other kernels than for
+// columns x weight^T. Taken for one image in IEEE float32: forwards 1.01 to 1.16x as fast on an
+// H100 (1x512x7x7 -> 512 48 -> 42 us, 1x1024x14x14 -> 1024 152 -> 135; torchvision's 45 and 137);
+// TF32 0.90 to 1.01, float16 0.66 to 0.79, and several images (a reorder and a GEMM per image)
+// 0.30 to 0.49 in every dtype (benchmarks/results/deform_conv2d_ab_nn_gemm_NVIDIA_H100_2026-12-07.md).
+// Test hook: CUSTOMOPS_TEST_DEFORM_NN_GEMM=1 or =0 forces it on (any dtype and batch) or off.
+template <typename T>
+bool nn_gemm(const DeformConv2dGeometry& g) {
+  if (const int forced = env_override("CUSTOMOPS_TEST_DEFORM_NN_GEMM", "1", "0")) return forced > 0;
+  return std::is_same_v<T, float> && !cuda::matmul_allows_tf32() && g.batch == 1;
+}
+
 template <typename T>
 void forward_impl(
     const DeformConv2dGeometry& g, const at::Tensor& input, const at::Tensor& offset, const at::Tensor& weight,
@@ -2278,6 +2294,34 @@ void forward_impl(
   // at::addmm_out with a 1-D bias, float32 layers ran up to 1.7x slower on the H200); several
   // groups always batch over the groups into it, which saves the transpose that their GEMMs
   // per image would need.
+  if (g.groups == 1 && o.in_weight_order && !nhwc && nn_gemm<T>(g)) {
+    // torchvision's orientation: each image's columns reordered to (in_channels x taps, pixels),
+    // then weight x columns straight into the output, the bias prefilled as C.
+    int64_t most = 0;
+    for (const Chunk& ch : chunks) most = std::max(most, ch.rows());
+    const auto opts = input.options().memory_format(at::MemoryFormat::Contiguous);
+    at::Tensor col = at::empty({K * most}, opts), kcol = at::empty({K * most}, opts), xs;
+    if (bias.has_value()) fill_bias<T>(out, *bias);
+    const int64_t taps = g.taps(), C = g.in_channels;
+    for (const Chunk& ch : chunks) {
+      if (ch.p0 == 0) xs = o.images<T>(ch);
+      launch_im2col<T>(o, g, ch, xs, col);
+      for (int64_t b = 0; b < ch.nb; ++b) {  // (n, taps, C) -> (C, taps, n), a batch over the taps
+        transpose_into<T, T>(
+            col.const_data_ptr<T>() + b * ch.n * K, kcol.data_ptr<T>() + b * K * ch.n,
+            TransposeShape{taps, ch.n, C, taps * C, C, taps * ch.n, ch.n});
+      }
+      const int64_t first = ch.b0 * g.out_channels * P + ch.p0;
+      at::Tensor dst = ch.nb == 1 ? strided(out, first, {g.out_channels, ch.n}, {P, 1})
+                                  : strided(out, first, {ch.nb, g.out_channels, ch.n}, {g.out_channels * P, P, 1});
+      const at::Tensor w = ch.nb == 1 ? strided(o.w, 0, {g.out_channels, K}, {K, 1})
+                                      : strided(o.w, 0, {ch.nb, g.out_channels, K}, {0, K, 1});
+      const at::Tensor c =
+          ch.nb == 1 ? strided(kcol, 0, {K, ch.n}, {ch.n, 1}) : strided(kcol, 0, {ch.nb, K, ch.n}, {K * ch.n, ch.n, 1});
+      matmul_into(dst, w, c, bias.has_value());
+    }
+    return;
+  }
   const bool aligned = P * sizeof(T) % 16 == 0;
   const bool one_image = std::all_of(chunks.begin(), chunks.end(), [](const Chunk& ch) { return ch.nb == 1; });
   const bool batched_groups = g.groups > 1 && (nhwc || grouped_gemm(g, aligned));
