@@ -78,6 +78,8 @@ LAUNCHES_TESTED_ELSEWHERE = {
     "fused_linear_sigmoid_small_m_kernel": "tests/test_cuda_kernels.py (sm_90 only)",
     "deform_conv2d_depthwise_kernel": "tests/test_deform_conv2d.py (the tiled kernel's fallback, forced)",
     "deform_conv2d_direct_kernel": "tests/test_deform_conv2d.py (forced; by default on larger grouped layers)",
+    "deform_conv2d_split_k_gemm_kernel": "tests/test_deform_conv2d.py (forced; by default on wide grouped layers)",
+    "deform_conv2d_split_k_sum_kernel": "tests/test_deform_conv2d.py (forced; by default on wide grouped layers)",
 }
 
 
